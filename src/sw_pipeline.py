@@ -1,0 +1,7 @@
+"""The seed's import path: ``from sw_pipeline import SWPipeline, PipelinePlan, ...``.
+
+A thin alias of the :mod:`swpipeline` package.
+"""
+
+from swpipeline import *  # noqa: F401,F403
+from swpipeline import __all__ as __all__  # noqa: F401

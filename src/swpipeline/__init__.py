@@ -1,0 +1,38 @@
+"""swpipeline: declarative software pipelines for PyTorch training and inference loops.
+
+The whole public API is imported here; everything else is internal.
+"""
+
+from .clocked import SWPipeline as SWPipeline
+from .device import CPUDevice as CPUDevice
+from .device import Device as Device
+from .device import SimulatedDevice as SimulatedDevice
+from .device import TorchDevice as TorchDevice
+from .errors import DependencyTimeoutError as DependencyTimeoutError
+from .errors import PipelineTimeoutError as PipelineTimeoutError
+from .errors import ProgressTimeoutError as ProgressTimeoutError
+from .errors import SequencerTimeoutError as SequencerTimeoutError
+from .plan import DeclaredIO as DeclaredIO
+from .plan import IterContext as IterContext
+from .plan import PipelinePlan as PipelinePlan
+from .plan import PipelineTask as PipelineTask
+from .plan import TaskSchedule as TaskSchedule
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CPUDevice",
+    "DeclaredIO",
+    "DependencyTimeoutError",
+    "Device",
+    "IterContext",
+    "PipelinePlan",
+    "PipelineTask",
+    "PipelineTimeoutError",
+    "ProgressTimeoutError",
+    "SWPipeline",
+    "SequencerTimeoutError",
+    "SimulatedDevice",
+    "TaskSchedule",
+    "TorchDevice",
+]

@@ -1,0 +1,55 @@
+"""Range annotations (``SWP/{Task}/iter{N}``) that cost nothing unless someone is looking.
+
+``torch.profiler.record_function`` costs microseconds even with no profiler, and
+``torch.cuda.nvtx`` raises on CPU builds, so a range is opened only when a torch
+profiler is recording or NVTX emission was asked for on a CUDA device.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, List
+
+import torch
+
+__all__: List[str] = []
+
+logger = logging.getLogger("swpipeline")
+
+try:
+    _profiler_enabled: Callable[[], bool] = torch.autograd._profiler_enabled
+except AttributeError:  # pragma: no cover - older/newer torch without the fast check
+    def _profiler_enabled() -> bool:
+        return True
+
+
+def profiler_active() -> bool:
+    """Whether a torch profiler is recording right now (about 0.1 us to ask)."""
+    return bool(_profiler_enabled())
+
+
+def nvtx_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def run_annotated(label: str, fn: Callable[[Any], Any], ctx: Any, nvtx: bool) -> None:
+    """Run ``fn(ctx)`` inside a profiler range and/or an NVTX range named ``label``."""
+    if nvtx:
+        torch.cuda.nvtx.range_push(label)
+    try:
+        if profiler_active():
+            with torch.profiler.record_function(label):
+                fn(ctx)
+        else:
+            fn(ctx)
+    finally:
+        if nvtx:
+            torch.cuda.nvtx.range_pop()
+
+
+def resolve_emit_nvtx(emit_nvtx: bool) -> bool:
+    """NVTX is honoured on CUDA only; elsewhere a request is logged and ignored."""
+    if emit_nvtx and not nvtx_available():
+        logger.warning("emit_nvtx=True ignored: NVTX needs a CUDA build with a GPU")
+        return False
+    return bool(emit_nvtx)

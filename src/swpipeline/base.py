@@ -1,0 +1,464 @@
+"""_PipelineBase: everything both engines share; no scheduling policy.
+
+Subclasses decide *when* a task of an iteration is handed to its worker
+(``_do_fill``, ``_do_retire``, ``_after_task_complete``); this class owns the
+rest: worker threads, contexts, CPU signals, device events, the submission
+sequencer, error handling and the serial baseline.
+
+Life cycle (``_state``)::
+
+    idle --fill_pipeline()--> running --progress() raises StopIteration--> finished
+      ^                          |  \\--a task/iterator fails--> failed
+      |                          |                                |
+      +------- drain() ----------+--------------------------------+
+
+Every path out of ``running`` stops and joins the worker threads.
+
+A work unit runs the two-phase protocol for each dependency, then the task::
+
+    for dep in deps:                    # intra: iteration i; inter: iteration i-1
+        board.wait_task(dep, it)        # phase 1: CPU signal (returns at once if done)
+        device.wait(stream, event)      # phase 2: only if dep ran on another stream
+    device.launch(stream, fn, ctx)      # fn(ctx) with the task's stream current
+    device.record(event, stream)        # only if a consumer is on another stream
+    board.complete(task, i)             # sets the CPU signal
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from functools import partial
+from typing import Any, Dict, Iterable, Iterator, List, NoReturn, Optional, Tuple
+
+import torch
+
+from . import ordering
+from .annotations import profiler_active, resolve_emit_nvtx, run_annotated
+from .device import DeviceSpec, resolve_device
+from .errors import PipelineAborted, annotate
+from .plan import IterContext, PipelinePlan, PipelineTask
+from .signals import CompletionBoard, SubmissionSequencer
+from .worker import Worker
+
+__all__: List[str] = []
+
+_JOIN_TIMEOUT_S = 10.0
+
+
+class TaskRuntime:
+    """What the engine knows about one task at run time (resolved once at construction)."""
+
+    __slots__ = ("name", "index", "task", "stage", "group", "stream", "stream_label", "globally_ordered",
+                 "intra", "inter", "events", "waits_at_retire")
+
+    def __init__(self, index: int, task: PipelineTask, stage: int, group: str, stream: Any,
+                 stream_label: str, globally_ordered: bool) -> None:
+        self.name = task.name
+        self.index = index
+        self.task = task
+        self.stage = stage
+        self.group = group
+        self.stream = stream
+        self.stream_label = stream_label
+        self.globally_ordered = globally_ordered
+        # (dependency index, its events if this task's stream must wait on them, else None)
+        self.intra: List[Tuple[int, Optional[List[Any]]]] = []
+        self.inter: List[Tuple[int, Optional[List[Any]]]] = []
+        self.events: Optional[List[Any]] = None  # one device event per slot, if anyone waits on it
+        self.waits_at_retire = False  # a sink on a side stream: the caller's stream waits on it
+
+    def __repr__(self) -> str:
+        return f"<task {self.name} stage={self.stage} group={self.group} stream={self.stream_label}>"
+
+
+class _ProgressLine:
+    """A one-line progress display on stderr for ``verbose=True`` runs."""
+
+    def __init__(self, title: str, total: Optional[int]) -> None:
+        self.title, self.total = title, total
+        self.start = self.last = time.perf_counter()
+        self.count = 0
+
+    def step(self) -> None:
+        self.count += 1
+        now = time.perf_counter()
+        if now - self.last >= 0.2:
+            self.last = now
+            self._draw(now, "\r")
+
+    def close(self) -> None:
+        self._draw(time.perf_counter(), "\r")
+        sys.stderr.write("\n")
+
+    def _draw(self, now: float, prefix: str) -> None:
+        of = f"/{self.total}" if self.total is not None else ""
+        per = (now - self.start) / self.count * 1e3 if self.count else 0.0
+        sys.stderr.write(f"{prefix}{self.title}: {self.count}{of} iterations, {per:.3f} ms/iter")
+        sys.stderr.flush()
+
+
+class _PipelineBase:
+    """Shared infrastructure of the pipeline engines (see the module docstring)."""
+
+    def __init__(self, plan: PipelinePlan, num_slots: int, device: DeviceSpec = None, *,
+                 signal_timeout: float = 30.0, progress_timeout: float = 60.0) -> None:
+        if not isinstance(plan, PipelinePlan):
+            raise TypeError(f"plan must be a PipelinePlan, got {type(plan).__name__}")
+        for arg, value in (("signal_timeout", signal_timeout), ("progress_timeout", progress_timeout)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{arg} must be a positive number of seconds, got {value!r}")
+        self.plan = plan
+        self.device = resolve_device(device)
+        self.signal_timeout = float(signal_timeout)
+        self.progress_timeout = float(progress_timeout)
+        self._num_slots = num_slots
+        self._event_slots = num_slots + 1  # see _build_tasks: inter consumers may lag one iteration
+        self._tasks = self._build_tasks()
+        self._by_name = {t.name: t for t in self._tasks}
+        self._serial_order = [self._by_name[n] for n in ordering.serial_order(plan)]
+        self._groups = list(dict.fromkeys(t.group for t in self._tasks))
+        self._board = CompletionBoard([t.name for t in self._tasks])
+        self._sequencer = SubmissionSequencer()
+        self._workers: Dict[str, Worker] = {}
+        self._error_lock = threading.Lock()
+        self._nvtx = False
+        self._reset_state()
+
+    # -- construction ----------------------------------------------------------------------
+
+    def _build_tasks(self) -> List[TaskRuntime]:
+        plan, device = self.plan, self.device
+        tasks = []
+        for index, task in enumerate(plan.tasks):
+            sched = plan.schedules[task.name]
+            tasks.append(TaskRuntime(index, task, sched.stage, sched.thread_group, device.stream(sched.stream),
+                                     device.stream_label(sched.stream), sched.globally_ordered))
+        by_name = {t.name: t for t in tasks}
+        consumed = {d for t in tasks for d in plan.intra[t.name]}
+        default = device.default_stream()
+        cross_stream = {d for t in tasks for d in plan.intra[t.name] + plan.inter[t.name]
+                        if by_name[d].stream != t.stream}
+        for t in tasks:
+            t.waits_at_retire = t.name not in consumed and t.stream != default
+            if device.uses_events and (t.name in cross_stream or t.waits_at_retire):
+                # A slot is reused by iteration i + num_slots + 1 at the earliest, which is only
+                # enqueued after iteration i + 1 (the last possible consumer of i) has retired.
+                t.events = [device.new_event() for _ in range(self._event_slots)]
+
+        def resolve(t: TaskRuntime, deps: List[str]) -> List[Tuple[int, Optional[List[Any]]]]:
+            return [(by_name[d].index, by_name[d].events if by_name[d].stream != t.stream else None)
+                    for d in deps]
+
+        for t in tasks:
+            t.intra = resolve(t, plan.intra[t.name])
+            t.inter = resolve(t, plan.inter[t.name])
+        return tasks
+
+    def _reset_state(self) -> None:
+        self._board.reset()
+        self._sequencer.reset()
+        self._contexts: Dict[int, IterContext] = {}
+        self._state = "idle"
+        self._error: Optional[BaseException] = None
+        self._next_retire = 0
+        self._num_created = 0
+        self._exhausted = False
+        self._last_ctx: Optional[IterContext] = None
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def fill_pipeline(self, data_iter: Iterable[Any]) -> Iterator[Any]:
+        """Start the workers and submit the first iterations; returns the iterator to pass to progress().
+
+        Args:
+            data_iter: any iterable of batches.
+
+        Raises:
+            RuntimeError: the pipeline is already filled (call drain() first).
+            TypeError: ``data_iter`` is not iterable.
+        """
+        if self._state == "running":
+            raise RuntimeError(
+                "fill_pipeline() called while iterations are still in flight; call drain() first "
+                "(or keep calling progress() until StopIteration)"
+            )
+        try:
+            it = iter(data_iter)
+        except TypeError:
+            raise TypeError(f"fill_pipeline: data_iter must be iterable, got {type(data_iter).__name__}") from None
+        self._reset_state()
+        self._start_workers()
+        self._state = "running"
+        self._do_fill(it)
+        return it
+
+    def progress(self, data_iter: Optional[Iterator[Any]] = None) -> int:
+        """Retire the oldest in-flight iteration and advance; returns its iter_idx.
+
+        Args:
+            data_iter: where the next batch comes from; ``None`` retires without fetching.
+
+        Raises:
+            StopIteration: no iteration is left in flight (the worker threads are then joined).
+            RuntimeError: progress() before fill_pipeline(), or after a failure.
+            ProgressTimeoutError: the oldest iteration did not complete in ``progress_timeout``.
+            Exception: whatever a task or the data iterator raised, annotated with the task and iteration.
+        """
+        if self._state != "running":
+            self._raise_not_running()
+        oldest = self._next_retire
+        if oldest >= self._num_created:
+            self._stop_workers()
+            self._state = "finished"
+            raise StopIteration
+        self._wait_retire(oldest)
+        self._do_retire(oldest, data_iter)
+        return oldest
+
+    def drain(self) -> None:
+        """Retire every in-flight iteration, stop and join the workers, and reset for a new fill.
+
+        Shortcut settings and caches are kept. After a failure it only cleans up.
+        """
+        try:
+            if self._state == "running":
+                while True:
+                    try:
+                        self.progress(None)
+                    except StopIteration:
+                        break
+        finally:
+            self._stop_workers()
+            if self._state != "failed":
+                self.device.synchronize()
+            self._reset_state()
+
+    def run(self, data_iter: Iterable[Any], verbose: bool = False, emit_nvtx: bool = False) -> float:
+        """Run every batch of ``data_iter`` through the pipeline; returns wall-clock seconds.
+
+        Args:
+            data_iter: any iterable of batches.
+            verbose: show a progress line on stderr.
+            emit_nvtx: emit NVTX ranges ``SWP/{Task}/iter{N}`` (CUDA only; ignored elsewhere).
+        """
+        self._nvtx = resolve_emit_nvtx(emit_nvtx)
+        bar = _ProgressLine(type(self).__name__, _len_or_none(data_iter)) if verbose else None
+        nvtx_ctx = torch.autograd.profiler.emit_nvtx() if self._nvtx else contextlib.nullcontext()
+        start = time.perf_counter()
+        try:
+            with nvtx_ctx:
+                it = self.fill_pipeline(data_iter)
+                while True:
+                    try:
+                        self.progress(it)
+                    except StopIteration:
+                        break
+                    if bar is not None:
+                        bar.step()
+                self.drain()
+            elapsed = time.perf_counter() - start
+        finally:
+            self._nvtx = False
+            if self._state != "idle":
+                self.drain()
+            if bar is not None:
+                bar.close()
+        return elapsed
+
+    def run_one_serial_iter(self, batch: Any, iter_idx: int = 0) -> IterContext:
+        """Run one iteration serially on the calling thread, tasks in topological order.
+
+        Needs no fill_pipeline() and leaves no state behind. Returns the IterContext.
+        """
+        if self._state == "running":
+            raise RuntimeError("run_one_serial_iter() while pipelined iterations are in flight; call drain() first")
+        ctx = IterContext(batch, iter_idx)
+        annotate_ranges = self._nvtx or profiler_active()
+        for task in self._serial_order:
+            try:
+                if annotate_ranges:
+                    run_annotated(f"SWP_serial/{self._label(task)}/iter{iter_idx}", task.task.fn, ctx, self._nvtx)
+                else:
+                    task.task.fn(ctx)
+            except BaseException as exc:
+                raise annotate(exc, task.name, iter_idx)
+        return ctx
+
+    def run_serial(self, data_iter: Iterable[Any], verbose: bool = False, emit_nvtx: bool = False) -> float:
+        """Run every batch serially (no threads, default stream) as a baseline; returns seconds."""
+        self._nvtx = resolve_emit_nvtx(emit_nvtx)
+        bar = _ProgressLine(f"{type(self).__name__} (serial)", _len_or_none(data_iter)) if verbose else None
+        start = time.perf_counter()
+        try:
+            for idx, batch in enumerate(data_iter):
+                self.run_one_serial_iter(batch, idx)
+                if bar is not None:
+                    bar.step()
+            self.device.synchronize()
+        finally:
+            self._nvtx = False
+            if bar is not None:
+                bar.close()
+        return time.perf_counter() - start
+
+    @property
+    def last_context(self) -> Optional[IterContext]:
+        """The IterContext of the iteration the last progress() call retired."""
+        return self._last_ctx
+
+    def __enter__(self) -> "_PipelineBase":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.drain()
+
+    # -- hooks for the engines -----------------------------------------------------------------
+
+    def _do_fill(self, data_iter: Iterator[Any]) -> None:
+        raise NotImplementedError
+
+    def _do_retire(self, oldest: int, data_iter: Optional[Iterator[Any]]) -> None:
+        raise NotImplementedError
+
+    def _after_task_complete(self, task: TaskRuntime, iter_idx: int) -> None:
+        """Called on the worker thread right after a task's CPU signal is set."""
+
+    # -- iterations --------------------------------------------------------------------------------
+
+    def _fetch(self, data_iter: Optional[Iterator[Any]]) -> Optional[IterContext]:
+        """Create the next iteration's context from the next batch, or None when there is none."""
+        if data_iter is None or self._exhausted:
+            return None
+        idx = self._num_created
+        try:
+            batch = next(data_iter)
+        except StopIteration:
+            self._exhausted = True
+            return None
+        except BaseException as exc:
+            in_flight = sorted(self._contexts)
+            exc.add_note(f"swpipeline: the data iterator raised while fetching the batch for iteration {idx}; "
+                         f"in-flight iterations {in_flight} were abandoned")
+            self._fail(exc)
+        ctx = IterContext(batch, idx)
+        self._contexts[idx] = ctx
+        self._board.open_iteration(idx, len(self._tasks))
+        self._num_created = idx + 1
+        return ctx
+
+    def _wait_retire(self, oldest: int) -> None:
+        board = self._board
+        if self._error is not None or not board.is_iteration_done(oldest):
+            try:
+                board.wait_iteration(oldest, self.progress_timeout, self._has_failed)
+            except BaseException as exc:
+                self._fail(exc)
+            if self._error is not None:
+                self._fail(self._error)
+        if self.device.uses_events:
+            default = self.device.default_stream()
+            slot = oldest % self._event_slots
+            for task in self._tasks:
+                if task.waits_at_retire and task.events is not None:
+                    self.device.wait(default, task.events[slot])
+        board.retire(oldest)
+        self._last_ctx = self._contexts.pop(oldest)
+        self._next_retire = oldest + 1
+
+    def _has_failed(self) -> bool:
+        return self._error is not None
+
+    # -- workers -----------------------------------------------------------------------------------
+
+    def _start_workers(self) -> None:
+        self._workers = {
+            g: Worker(g, self._run_unit, self._on_worker_error, self._is_aborted, self.device.enter_thread)
+            for g in self._groups
+        }
+
+    def _stop_workers(self) -> None:
+        workers, self._workers = self._workers, {}
+        for w in workers.values():
+            w.stop()
+        for w in workers.values():
+            w.join(_JOIN_TIMEOUT_S)
+
+    def _is_aborted(self) -> bool:
+        return self._board.aborted
+
+    def _on_worker_error(self, exc: BaseException, unit: Tuple[Any, ...]) -> None:
+        if isinstance(exc, PipelineAborted):
+            return
+        if unit:
+            annotate(exc, unit[0].name, unit[1].iter_idx)
+        with self._error_lock:
+            if self._error is None:
+                self._error = exc
+        self._board.abort()
+        self._sequencer.abort()
+
+    def _fail(self, exc: BaseException) -> NoReturn:
+        """Stop everything, join the workers, and raise ``exc`` in the caller."""
+        with self._error_lock:
+            if self._error is None:
+                self._error = exc
+        self._board.abort()
+        self._sequencer.abort()
+        self._stop_workers()
+        self._state = "failed"
+        raise exc
+
+    def _raise_not_running(self) -> NoReturn:
+        if self._state == "finished":
+            raise StopIteration
+        if self._state == "failed":
+            raise RuntimeError("progress() after the pipeline failed (the error was raised earlier); "
+                               "call drain() and fill_pipeline() to start again")
+        raise RuntimeError("progress() called before fill_pipeline(); call fill_pipeline(data) first")
+
+    # -- one unit of work (runs on a worker thread) -------------------------------------------
+
+    def _run_unit(self, task: TaskRuntime, ctx: IterContext, seq: int) -> None:
+        i = ctx.iter_idx
+        board, device = self._board, self.device
+        done = board.done
+        for dep, dep_events in task.intra:
+            if done[dep] <= i:
+                board.wait_task(dep, i, self.signal_timeout, task.name, i)
+            if dep_events is not None:
+                device.wait(task.stream, dep_events[i % self._event_slots])
+        if i > 0:
+            for dep, dep_events in task.inter:
+                if done[dep] < i:
+                    board.wait_task(dep, i - 1, self.signal_timeout, task.name, i)
+                if dep_events is not None:
+                    device.wait(task.stream, dep_events[(i - 1) % self._event_slots])
+        if seq >= 0:
+            self._sequencer.execute_ordered(seq, partial(self._launch, task, ctx), self.signal_timeout,
+                                            task.name, i)
+        else:
+            self._launch(task, ctx)
+        if task.events is not None:
+            device.record(task.events[i % self._event_slots], task.stream)
+        board.complete(task.index, i)
+        self._after_task_complete(task, i)
+
+    def _launch(self, task: TaskRuntime, ctx: IterContext) -> None:
+        fn = task.task.fn
+        if self._nvtx or profiler_active():
+            label = f"SWP/{self._label(task)}/iter{ctx.iter_idx}"
+            fn = partial(run_annotated, label, fn, nvtx=self._nvtx)
+        self.device.launch(task.stream, fn, ctx, task.name)
+
+    def _label(self, task: TaskRuntime) -> str:
+        return task.name
+
+
+def _len_or_none(data: Any) -> Optional[int]:
+    try:
+        return len(data)
+    except TypeError:
+        return None

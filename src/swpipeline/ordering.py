@@ -1,0 +1,204 @@
+"""Orders derived from a plan: stage rules, the ready-first enqueue order, row and serial orders.
+
+Everything here is a pure function of a :class:`PipelinePlan`; the engines compute
+the orders once at construction.
+
+Period, stage and iteration (clock-driven engine)::
+
+    iter_idx = period - stage            stage 0 works on the newest batch
+
+    period:   0     1     2     3        (depth 3: stages 0, 1, 2)
+    stage 0:  i0    i1    i2    i3
+    stage 1:  --    i0    i1    i2
+    stage 2:  --    --    i0    i1
+
+A dependency is *period-local* when producer and consumer of it run in the same
+period: an intra-iteration pair with equal stages, or an inter-iteration pair whose
+producer's stage is the consumer's plus one (k = 1). Only those edges constrain the
+order inside a period; every other dependency was produced in an earlier period.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .plan import PipelinePlan
+
+__all__: List[str] = []
+
+
+def validate_stages(plan: PipelinePlan) -> None:
+    """Check Corollaries 1 and 3, which make every valid plan deadlock-free on the clock.
+
+    Raises:
+        ValueError: an intra-iteration dependency on a later stage (Corollary 1), or an
+            inter-iteration dependency more than one stage later (Corollary 3).
+    """
+    for task, deps in plan.intra.items():
+        for dep in deps:
+            if plan.stage(dep) > plan.stage(task):
+                raise ValueError(
+                    f"intra_iter_deps: {task!r} (stage {plan.stage(task)}) depends on {dep!r} "
+                    f"(stage {plan.stage(dep)}); a dependency's stage must be <= the task's stage "
+                    f"(Corollary 1: it would run in a later period and never arrive). Raise {task!r}'s "
+                    f"stage, lower {dep!r}'s, or use inter_iter_deps if {task!r} needs iteration i-1"
+                )
+    for task, deps in plan.inter.items():
+        for dep in deps:
+            gap = plan.stage(dep) - plan.stage(task)
+            if gap > 1:
+                raise ValueError(
+                    f"inter_iter_deps: {task!r} (stage {plan.stage(task)}) depends on {dep!r} "
+                    f"(stage {plan.stage(dep)}) of the previous iteration; the stage gap is {gap} > 1, so "
+                    f"{dep!r} would run in a future period (Corollary 3). Reduce the gap to <= 1"
+                )
+
+
+def period_local_edges(plan: PipelinePlan) -> List[Tuple[str, str]]:
+    """``(producer, consumer)`` pairs whose two ends run in the same period."""
+    edges: List[Tuple[str, str]] = []
+    for task in plan.task_names:
+        for dep in plan.intra[task]:
+            if plan.stage(dep) == plan.stage(task):
+                edges.append((dep, task))
+        for dep in plan.inter[task]:
+            if plan.stage(dep) == plan.stage(task) + 1:
+                edges.append((dep, task))
+    return edges
+
+
+def stall_costs(plan: PipelinePlan, stream_of: Dict[str, object]) -> Dict[str, int]:
+    """Number of period-local in-edges coming from another stream, per task."""
+    cost = {name: 0 for name in plan.task_names}
+    for dep, task in period_local_edges(plan):
+        if stream_of[dep] != stream_of[task]:
+            cost[task] += 1
+    return cost
+
+
+def _levels(names: Sequence[str], edges: Sequence[Tuple[str, str]]) -> Dict[str, int]:
+    """Generation of each node in Kahn's algorithm: the longest path reaching it from a source."""
+    level = {n: 0 for n in names}
+    for name in _priority_topo_sort(names, edges, {n: () for n in names}):
+        for src, dst in edges:
+            if src == name:
+                level[dst] = max(level[dst], level[src] + 1)
+    return level
+
+
+def _priority_topo_sort(
+    names: Sequence[str], edges: Sequence[Tuple[str, str]], key: Dict[str, Tuple[int, ...]]
+) -> List[str]:
+    """Kahn's algorithm, always taking the ready task with the smallest ``(key, name)``."""
+    successors: Dict[str, List[str]] = {n: [] for n in names}
+    in_degree = {n: 0 for n in names}
+    for src, dst in edges:
+        successors[src].append(dst)
+        in_degree[dst] += 1
+    ready = sorted((key[n], n) for n in names if in_degree[n] == 0)
+    order: List[str] = []
+    while ready:
+        _, name = ready.pop(0)
+        order.append(name)
+        for succ in successors[name]:
+            in_degree[succ] -= 1
+            if in_degree[succ] == 0:
+                bisect.insort(ready, (key[succ], succ))
+    if len(order) != len(names):  # unreachable for validated plans; kept as a guard
+        stuck = sorted(set(names) - set(order))
+        raise ValueError(f"dependency graph has a cycle through {stuck}")
+    return order
+
+
+def _generational_order(
+    names: Sequence[str], edges: Sequence[Tuple[str, str]], cost: Optional[Dict[str, int]] = None
+) -> List[str]:
+    """Kahn's algorithm in generations: each generation sorted by ``(cost, name)``.
+
+    Tasks released while a generation is being emitted wait for the next one, so
+    independent chains interleave instead of one chain running to its end first.
+    """
+    level = _levels(names, edges)
+    key = {n: (level[n], cost[n] if cost else 0) for n in names}
+    return _priority_topo_sort(names, edges, key)
+
+
+def enqueue_order(plan: PipelinePlan, stream_of: Dict[str, object]) -> List[str]:
+    """The ready-first submission order of one period.
+
+    A topological order of the period-local graph that, among ready tasks, takes the
+    one with the fewest cross-stream period-local in-edges first (it inserts no
+    stream wait that could stall its stream), breaking ties by name so that every
+    rank computes the same order. Ready tasks are taken in generations (see
+    ``_generational_order``), which is what the seed's SparseDist worked example
+    does: H2D, InputDistStart, ZeroGrad, InputDistWait, WaitBatch, ... (its
+    pseudocode re-sorts the whole ready list instead, which would put
+    InputDistWait before ZeroGrad and contradict that example).
+    """
+    edges = period_local_edges(plan)
+    return _generational_order(plan.task_names, edges, stall_costs(plan, stream_of))
+
+
+def stage_descending_order(plan: PipelinePlan) -> List[str]:
+    """The simpler order the ready-first one improves on: stages high to low, topological inside."""
+    return [n for stage in sorted(_stages(plan), reverse=True) for n in _stage_topo(plan, stage)]
+
+
+def schedule_rows(plan: PipelinePlan) -> List[str]:
+    """Row order of ``print_schedule``: stage-descending, topological (ties by name) within a stage."""
+    return stage_descending_order(plan)
+
+
+def serial_order(plan: PipelinePlan) -> List[str]:
+    """One iteration's tasks in a topological order of all intra deps, ties by (stage, name)."""
+    edges = [(dep, task) for task in plan.task_names for dep in plan.intra[task]]
+    key = {n: (plan.stage(n),) for n in plan.task_names}
+    return _priority_topo_sort(plan.task_names, edges, key)
+
+
+def _stages(plan: PipelinePlan) -> List[int]:
+    return sorted({plan.stage(n) for n in plan.task_names})
+
+
+def _stage_topo(plan: PipelinePlan, stage: int) -> List[str]:
+    names = [n for n in plan.task_names if plan.stage(n) == stage]
+    members = set(names)
+    edges = [(dep, task) for task in names for dep in plan.intra[task] if dep in members]
+    return _generational_order(names, edges)
+
+
+def longest_stage_chain(plan: PipelinePlan, order: Optional[List[str]] = None) -> List[str]:
+    """The longest dependency chain, read consumer to producer, whose stages strictly decrease.
+
+    This is the "LDS" of ``print_stage_analysis``: a chain ``t_k <- ... <- t_1`` of
+    intra-iteration dependencies (transitive) with ``stage(t_k) > ... > stage(t_1)``.
+    Its length is the number of stage boundaries a batch really crosses in order.
+    By Mirsky's theorem (the dual of Dilworth's), it is also the fewest stages into
+    which the plan's "must come in a strictly later stage" relation can be layered.
+    When it equals the depth, every stage boundary separates a producer from a
+    consumer that needs it; when it is shorter, some stage holds a batch in flight
+    without separating any dependent pair, and the depth could be reduced.
+    """
+    order = order if order is not None else serial_order(plan)
+    best: Dict[str, List[str]] = {}
+    reach = _transitive_deps(plan)
+    for name in order:  # producers come first in a topological order
+        chain = [name]
+        for dep in reach[name]:
+            if plan.stage(dep) < plan.stage(name) and len(best[dep]) + 1 > len(chain):
+                chain = [name] + best[dep]
+        best[name] = chain
+    return max(best.values(), key=lambda c: (len(c), [-plan.stage(n) for n in c]))
+
+
+def _transitive_deps(plan: PipelinePlan) -> Dict[str, List[str]]:
+    reach: Dict[str, List[str]] = {}
+    for name in serial_order(plan):
+        seen: Dict[str, None] = {}
+        for dep in plan.intra[name]:
+            seen[dep] = None
+            for d in reach[dep]:
+                seen[d] = None
+        reach[name] = list(seen)
+    return reach

@@ -1,0 +1,308 @@
+"""The plan model: what a pipeline runs (tasks) and how (schedule and dependencies).
+
+A :class:`PipelinePlan` is a value. Building one checks everything that does not
+depend on the engine: types, names, references, self-dependencies and cycles among
+the intra-iteration dependencies. Stage rules (Corollaries 1 and 3) are engine
+rules and are checked by the clock-driven engine (see ``ordering.validate_stages``).
+
+Guarantees this module gives to the rest of the package:
+
+* ``PipelinePlan.tasks`` lists every task once, in declaration order, and every
+  dependency in ``intra``/``inter`` names one of them;
+* the intra-iteration dependency graph is acyclic;
+* ``TaskSchedule`` fields have the right types (stage is a non-negative int).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+__all__: List[str] = []
+
+StreamSpec = Any  # None (default stream), a name (str), or a torch stream object
+
+
+class IterContext:
+    """Per-iteration scratch space handed to every task function.
+
+    ``batch`` is what the data iterator yielded and ``iter_idx`` the 0-based
+    iteration number; tasks attach intermediate results as attributes
+    (``ctx.x = ...``) and may ``del`` them to free memory early.
+    """
+
+    def __init__(self, batch: Any, iter_idx: int) -> None:
+        self.batch = batch
+        self.iter_idx = iter_idx
+
+    def __repr__(self) -> str:
+        extra = sorted(k for k in vars(self) if k not in ("batch", "iter_idx"))
+        return f"IterContext(iter_idx={self.iter_idx}, attrs={extra})"
+
+
+@dataclass(frozen=True)
+class DeclaredIO:
+    """A task's read/write contract with state outside the IterContext.
+
+    ``capture()`` is called after the task runs while its result is being cached;
+    ``restore(value)`` is called instead of the task when it is shortcut.
+    """
+
+    capture: Callable[[], Any]
+    restore: Callable[[Any], None]
+
+    def __post_init__(self) -> None:
+        if not callable(self.capture) or not callable(self.restore):
+            raise TypeError("DeclaredIO: capture and restore must both be callables")
+
+
+@dataclass(eq=False)
+class PipelineTask:
+    """One schedulable unit of work: a name, a function of the IterContext, its side effects.
+
+    Tasks hash and compare by name, so they can key ``PipelinePlan.schedule``.
+    """
+
+    name: str
+    fn: Callable[[IterContext], Any]
+    io: List[DeclaredIO] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"PipelineTask: name must be a non-empty str, got {self.name!r}")
+        if not callable(self.fn):
+            raise TypeError(f"PipelineTask {self.name!r}: fn must be callable, got {type(self.fn).__name__}")
+        self.io = list(self.io)
+        for item in self.io:
+            if not isinstance(item, DeclaredIO):
+                raise TypeError(
+                    f"PipelineTask {self.name!r}: io entries must be DeclaredIO, got {type(item).__name__}"
+                )
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PipelineTask):
+            return self.name == other.name
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"PipelineTask({self.name!r})"
+
+
+@dataclass(frozen=True)
+class TaskSchedule:
+    """How one task is scheduled: its stage, stream, worker thread group and ordering.
+
+    Args:
+        stage: pipeline stage; in period ``p`` the task works on iteration ``p - stage``.
+        stream: ``None`` for the device's default stream, a name (the engine creates
+            one stream per name) or a torch stream object.
+        thread_group: tasks of one group run serially on one worker thread.
+        globally_ordered: submit in one pre-assigned order on every rank (collectives).
+    """
+
+    stage: int = 0
+    stream: StreamSpec = None
+    thread_group: str = "default"
+    globally_ordered: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stage, bool) or not isinstance(self.stage, int):
+            raise TypeError(f"TaskSchedule: stage must be an int, got {self.stage!r}")
+        if not isinstance(self.thread_group, str) or not self.thread_group:
+            raise TypeError(f"TaskSchedule: thread_group must be a non-empty str, got {self.thread_group!r}")
+        if not isinstance(self.globally_ordered, bool):
+            raise TypeError(f"TaskSchedule: globally_ordered must be a bool, got {self.globally_ordered!r}")
+        if isinstance(self.stream, str) and not self.stream:
+            raise ValueError("TaskSchedule: a stream name must be non-empty (use None for the default stream)")
+
+
+TaskRef = Union[PipelineTask, str]
+Dependency = Tuple[TaskRef, TaskRef]
+
+
+class NamedOnlyTask(PipelineTask):
+    """A task declared by a string schedule key: it can be planned and printed, not run."""
+
+    def __init__(self, name: str) -> None:
+        def no_function(ctx: IterContext) -> None:
+            raise RuntimeError(
+                f"task {name!r} has no function: the plan's schedule names it by a string; "
+                f"key the schedule with PipelineTask({name!r}, fn) to run it"
+            )
+
+        super().__init__(name, no_function)
+
+    def __repr__(self) -> str:
+        return f"NamedOnlyTask({self.name!r})"
+
+
+@dataclass
+class PipelinePlan:
+    """A complete scheduling plan: the task set (schedule keys), per-task schedules and dependencies.
+
+    Args:
+        schedule: task -> TaskSchedule (a mapping, or a sequence of pairs). Keys are
+            PipelineTask objects; a string key declares a task that can be planned
+            and printed but not run.
+        intra_iter_deps: ``(task, depends_on)`` pairs within one iteration.
+        inter_iter_deps: ``(task, depends_on)`` pairs: task at iteration ``i`` needs
+            ``depends_on`` at iteration ``i - 1``.
+        pipeline_depth: ``max(stage) + 1``; inferred when omitted, checked when given.
+
+    Raises:
+        TypeError: a field has the wrong type.
+        ValueError: duplicate names, unknown references, self-dependencies, a cycle
+            among intra-iteration dependencies, or a contradicting pipeline_depth.
+    """
+
+    schedule: Union[Mapping[TaskRef, TaskSchedule], Sequence[Tuple[TaskRef, TaskSchedule]]]
+    intra_iter_deps: Sequence[Dependency] = field(default_factory=list)
+    inter_iter_deps: Sequence[Dependency] = field(default_factory=list)
+    pipeline_depth: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        self.tasks: List[PipelineTask] = []
+        self.schedules: Dict[str, TaskSchedule] = {}
+        self._collect_tasks()
+        self.intra: Dict[str, List[str]] = self._resolve_deps("intra_iter_deps", self.intra_iter_deps)
+        self.inter: Dict[str, List[str]] = self._resolve_deps("inter_iter_deps", self.inter_iter_deps)
+        for name, deps in self.intra.items():
+            if name in deps:
+                raise ValueError(
+                    f"intra_iter_deps: {name!r} depends on itself; remove the pair "
+                    f"(a task at iteration i-1 is expressed with inter_iter_deps)"
+                )
+        _check_acyclic(self.task_names, self.intra)
+        inferred = max(s.stage for s in self.schedules.values()) + 1
+        self.depth: int = inferred
+        if self.pipeline_depth is None:
+            self.pipeline_depth = inferred
+        elif isinstance(self.pipeline_depth, bool) or not isinstance(self.pipeline_depth, int):
+            raise TypeError(f"pipeline_depth must be an int or None, got {self.pipeline_depth!r}")
+        elif self.pipeline_depth != inferred:
+            deepest = [n for n, s in self.schedules.items() if s.stage == inferred - 1]
+            raise ValueError(
+                f"pipeline_depth={self.pipeline_depth} contradicts the stages: max(stage) + 1 = {inferred} "
+                f"(deepest tasks: {deepest}); omit pipeline_depth or set it to {inferred}"
+            )
+
+    # -- construction helpers -------------------------------------------------------------
+
+    def _collect_tasks(self) -> None:
+        items: Iterable[Any]
+        if isinstance(self.schedule, Mapping):
+            items = self.schedule.items()
+        elif isinstance(self.schedule, (list, tuple)):
+            items = self.schedule
+        else:
+            raise TypeError(
+                f"schedule must be a dict of task -> TaskSchedule, got {type(self.schedule).__name__}"
+            )
+        for item in items:
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise TypeError(f"schedule: entries must be (task, TaskSchedule) pairs, got {item!r}")
+            key, sched = item
+            if isinstance(key, str):
+                task = NamedOnlyTask(key)
+            elif isinstance(key, PipelineTask):
+                task = key
+            else:
+                raise TypeError(
+                    f"schedule: keys must be PipelineTask objects or names, got {type(key).__name__} {key!r}"
+                )
+            if not isinstance(sched, TaskSchedule):
+                raise TypeError(
+                    f"schedule[{task.name!r}]: expected a TaskSchedule, got {type(sched).__name__}"
+                )
+            if task.name in self.schedules:
+                raise ValueError(
+                    f"schedule: duplicate task name {task.name!r}; every task needs a unique name"
+                )
+            self.tasks.append(task)
+            self.schedules[task.name] = sched
+        if not self.tasks:
+            raise ValueError("schedule is empty: a plan needs at least one task")
+
+    def _resolve(self, where: str, ref: Any) -> str:
+        if isinstance(ref, PipelineTask):
+            name = ref.name
+            known = self.task(name) if name in self.schedules else None
+            if known is not None and known is not ref and known.fn is not ref.fn and not isinstance(known, NamedOnlyTask):
+                raise ValueError(
+                    f"{where}: duplicate task name {name!r}: it refers to a different PipelineTask "
+                    f"than the schedule's; use the scheduled task object or its name"
+                )
+        elif isinstance(ref, str):
+            name = ref
+        else:
+            raise TypeError(f"{where}: tasks are referred to by PipelineTask or name, got {type(ref).__name__} {ref!r}")
+        if name not in self.schedules:
+            raise ValueError(
+                f"{where}: unknown task {name!r}; add it to the schedule or fix the name "
+                f"(known: {sorted(self.schedules)})"
+            )
+        return name
+
+    def _resolve_deps(self, where: str, deps: Sequence[Dependency]) -> Dict[str, List[str]]:
+        if isinstance(deps, (str, bytes)) or not isinstance(deps, (list, tuple)):
+            raise TypeError(f"{where} must be a list of (task, depends_on) pairs, got {type(deps).__name__}")
+        resolved: Dict[str, List[str]] = {t.name: [] for t in self.tasks}
+        for pair in deps:
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                raise TypeError(f"{where}: entries must be (task, depends_on) pairs, got {pair!r}")
+            task = self._resolve(where, pair[0])
+            dep = self._resolve(where, pair[1])
+            if dep not in resolved[task]:
+                resolved[task].append(dep)
+        return resolved
+
+    # -- queries ------------------------------------------------------------------------------
+
+    @property
+    def task_names(self) -> List[str]:
+        return [t.name for t in self.tasks]
+
+    def task(self, name: str) -> PipelineTask:
+        for t in self.tasks:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def stage(self, name: str) -> int:
+        return self.schedules[name].stage
+
+
+def _check_acyclic(names: List[str], deps: Dict[str, List[str]]) -> None:
+    """Raise ValueError naming one cycle of the intra-iteration dependency graph, if any."""
+    white, grey, black = 0, 1, 2
+    color = {n: white for n in names}
+    for root in names:
+        if color[root] != white:
+            continue
+        stack: List[Tuple[str, int]] = [(root, 0)]
+        path: List[str] = [root]
+        color[root] = grey
+        while stack:
+            node, idx = stack[-1]
+            children = deps[node]
+            if idx < len(children):
+                stack[-1] = (node, idx + 1)
+                child = children[idx]
+                if color[child] == grey:
+                    cycle = path[path.index(child):] + [child]
+                    raise ValueError(
+                        "intra_iter_deps: dependency cycle " + " -> ".join(repr(c) for c in cycle)
+                        + " (read 'a -> b' as 'a depends on b'); a plan's intra-iteration dependencies must "
+                        "form a DAG: remove one pair, or make it an inter_iter_deps pair if it refers to i-1"
+                    )
+                if color[child] == white:
+                    color[child] = grey
+                    stack.append((child, 0))
+                    path.append(child)
+            else:
+                color[node] = black
+                stack.pop()
+                path.pop()
