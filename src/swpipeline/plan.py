@@ -217,6 +217,11 @@ class PipelinePlan:
                 raise TypeError(
                     f"schedule[{task.name!r}]: expected a TaskSchedule, got {type(sched).__name__}"
                 )
+            if sched.stage < 0:
+                raise ValueError(
+                    f"schedule[{task.name!r}]: stage {sched.stage} is negative; stages count from 0 "
+                    f"(stage k works on iteration period - k)"
+                )
             if task.name in self.schedules:
                 raise ValueError(
                     f"schedule: duplicate task name {task.name!r}; every task needs a unique name"

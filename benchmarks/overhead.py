@@ -1,0 +1,239 @@
+"""Engine overhead per task: no-op tasks through SWPipeline vs a plain Python loop.
+
+What is measured
+    A TorchRec-SparseDist-shaped plan of 8 no-op tasks over 3 stages::
+
+        stage 0: H2D                                   (stream "memcpy")
+        stage 1: InputDistStart -> InputDistWait       (stream "data_dist")
+        stage 2: ZeroGrad, WaitBatch -> Forward -> Backward -> OptimizerStep
+                 (Forward also waits for ZeroGrad; Forward and ZeroGrad wait for
+                  OptimizerStep of the previous iteration)
+
+    is run three ways on the same ``range(iters)`` data:
+
+    * plain loop: ``for batch: ctx = IterContext(...); fn(ctx) for each task`` in serial order;
+    * ``pipe.run_serial(data)``: the engine's serial baseline (no threads);
+    * ``pipe.run(data)``: the pipelined engine, with worker threads.
+
+    in two configurations: every task in one thread group ("one-group"), and the
+    stages' tasks in three thread groups h2d / dist / default ("three-groups").
+
+How to read the table
+    ``us/task`` is wall time / (iters * tasks). ``overhead`` is what the engine adds
+    per task over the plain loop: ``(t_method - t_plain) / (iters * tasks)``, taken
+    per repeat and summarized as median and min over ``--repeats``. Repeats
+    interleave the three methods so that machine drift hits them alike. The
+    pipelined time includes starting and joining the worker threads (amortized
+    over ``iters``). Targets: <= 5 us/task in one thread group, <= 15 us/task across
+    groups (one queue hand-off between threads costs ~9 us on a 2-core machine);
+    ``met`` compares the *median* overhead with the target.
+
+``--profile`` runs one configuration's ``pipe.run`` under cProfile in every thread
+(main and workers, merged) and prints the top functions by tottime instead of the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import swpipeline as swp
+from _common import format_table, machine_line, median_and_min, yes_no
+
+# name, stage, thread group in the 3-group configuration, stream; listed in a serial (topological) order
+TASK_LAYOUT: List[Tuple[str, int, str, Optional[str]]] = [
+    ("H2D", 0, "h2d", "memcpy"),
+    ("InputDistStart", 1, "dist", "data_dist"),
+    ("InputDistWait", 1, "dist", "data_dist"),
+    ("ZeroGrad", 2, "default", None),
+    ("WaitBatch", 2, "default", None),
+    ("Forward", 2, "default", None),
+    ("Backward", 2, "default", None),
+    ("OptimizerStep", 2, "default", None),
+]
+INTRA_DEPS = [
+    ("InputDistStart", "H2D"),
+    ("InputDistWait", "InputDistStart"),
+    ("WaitBatch", "InputDistWait"),
+    ("Forward", "WaitBatch"),
+    ("Forward", "ZeroGrad"),
+    ("Backward", "Forward"),
+    ("OptimizerStep", "Backward"),
+]
+INTER_DEPS = [("ZeroGrad", "OptimizerStep"), ("Forward", "OptimizerStep")]
+
+# configuration name -> (whether tasks keep their own thread groups, overhead target in us/task)
+CONFIGS: Dict[str, Tuple[bool, float]] = {"one-group": (False, 5.0), "three-groups": (True, 15.0)}
+METHODS = ("plain loop", "run_serial", "run")
+
+
+def noop(ctx: swp.IterContext) -> None:
+    """The task body: nothing, so that only the engine's cost is left."""
+
+
+def build_plan(spread_groups: bool) -> swp.PipelinePlan:
+    """The SparseDist-shaped no-op plan, in one thread group or in three."""
+    schedule = {
+        swp.PipelineTask(name, noop): swp.TaskSchedule(stage=stage, stream=stream,
+                                                       thread_group=group if spread_groups else "default")
+        for name, stage, group, stream in TASK_LAYOUT
+    }
+    return swp.PipelinePlan(schedule, intra_iter_deps=INTRA_DEPS, inter_iter_deps=INTER_DEPS)
+
+
+def time_plain_loop(fns: Sequence[Callable[[swp.IterContext], Any]], iters: int) -> float:
+    """Seconds for a plain loop calling every function once per iteration, in serial order."""
+    start = time.perf_counter()
+    for idx in range(iters):
+        ctx = swp.IterContext(idx, idx)
+        for fn in fns:
+            fn(ctx)
+    return time.perf_counter() - start
+
+
+def time_methods(pipe: swp.SWPipeline, iters: int) -> Dict[str, float]:
+    """One repeat: seconds for each of METHODS, run back to back."""
+    fns = [noop for _ in TASK_LAYOUT]
+    return {
+        "plain loop": time_plain_loop(fns, iters),
+        "run_serial": pipe.run_serial(range(iters)),
+        "run": pipe.run(range(iters)),
+    }
+
+
+@dataclass
+class ConfigResult:
+    """Every repeat's seconds per method for one configuration."""
+
+    name: str
+    target_us: float
+    seconds: Dict[str, List[float]]
+
+
+def measure_config(name: str, iters: int, repeats: int, device: str) -> ConfigResult:
+    spread_groups, target_us = CONFIGS[name]
+    pipe = swp.SWPipeline(build_plan(spread_groups), device=device)
+    time_methods(pipe, min(iters, 300))  # warm-up: imports, caches, first thread start
+    seconds: Dict[str, List[float]] = {m: [] for m in METHODS}
+    for _ in range(repeats):
+        for method, value in time_methods(pipe, iters).items():
+            seconds[method].append(value)
+    return ConfigResult(name, target_us, seconds)
+
+
+def result_rows(result: ConfigResult, iters: int) -> List[List[str]]:
+    num_tasks = len(TASK_LAYOUT)
+    per_task = {m: [s / (iters * num_tasks) * 1e6 for s in result.seconds[m]] for m in METHODS}
+    rows = []
+    for method in METHODS:
+        total_ms = median_and_min(result.seconds[method])[0] * 1e3
+        cells = [result.name, method, f"{total_ms:.1f}", f"{total_ms * 1e3 / iters:.2f}",
+                 f"{median_and_min(per_task[method])[0]:.3f}"]
+        if method == "plain loop":
+            rows.append(cells + ["--", "--", "--", "--"])
+            continue
+        overhead = [t - p for t, p in zip(per_task[method], per_task["plain loop"])]
+        med, low = median_and_min(overhead)
+        if method == "run":
+            target, met = f"<= {result.target_us:g}", yes_no(med <= result.target_us)
+        else:
+            target, met = "--", "--"
+        rows.append(cells + [f"{med:.2f}", f"{low:.2f}", target, met])
+    return rows
+
+
+def print_table(results: Sequence[ConfigResult], iters: int, repeats: int) -> None:
+    print(f"Engine overhead: {len(TASK_LAYOUT)} no-op tasks, 3 stages, {iters} iterations, "
+          f"median of {repeats} repeats (min also shown)")
+    print(machine_line())
+    print()
+    headers = ["config", "method", "total ms", "us/iter", "us/task", "overhead us/task", "min",
+               "target", "met"]
+    rows = [row for r in results for row in result_rows(r, iters)]
+    print(format_table(headers, rows, left=2))
+
+
+# -- profiling --------------------------------------------------------------------------------
+
+def profile_all_threads(fn: Callable[[], Any]) -> List[cProfile.Profile]:
+    """Run ``fn`` with cProfile enabled in this thread and in every thread it starts.
+
+    Threads are hooked by wrapping ``threading.Thread.run`` for the duration of the call;
+    returns one profile per thread, the calling thread's first.
+    """
+    main = cProfile.Profile()
+    profiles = [main]
+    original_run = threading.Thread.run
+
+    def profiled_run(thread: threading.Thread) -> None:
+        prof = cProfile.Profile()
+        profiles.append(prof)
+        prof.enable()
+        try:
+            original_run(thread)
+        finally:
+            prof.disable()
+
+    setattr(threading.Thread, "run", profiled_run)
+    try:
+        main.enable()
+        try:
+            fn()
+        finally:
+            main.disable()
+    finally:
+        setattr(threading.Thread, "run", original_run)
+    return profiles
+
+
+def run_profile(config: str, iters: int, top: int, device: str) -> None:
+    spread_groups, _ = CONFIGS[config]
+    pipe = swp.SWPipeline(build_plan(spread_groups), device=device)
+    pipe.run(range(min(iters, 300)))  # warm-up outside the profile
+    elapsed: List[float] = []
+    profiles = profile_all_threads(lambda: elapsed.append(pipe.run(range(iters))))
+    num_tasks = len(TASK_LAYOUT)
+    print(f"cProfile of pipe.run, config {config!r}, {iters} iterations x {num_tasks} tasks, "
+          f"{len(profiles)} threads merged; {elapsed[0] / (iters * num_tasks) * 1e6:.2f} us/task "
+          f"under the profiler")
+    print(machine_line())
+    print("note: tottime of lock 'acquire' and SimpleQueue 'get' is time blocked waiting (idle), not CPU work")
+    out = io.StringIO()
+    stats = pstats.Stats(profiles[0], stream=out)
+    for prof in profiles[1:]:
+        stats.add(prof)
+    stats.sort_stats(pstats.SortKey.TIME).print_stats(top)
+    print(out.getvalue().strip("\n"))
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    parser.add_argument("--iters", type=int, default=3000, help="iterations per run (default 3000)")
+    parser.add_argument("--repeats", type=int, default=5, help="repeats per method (default 5)")
+    parser.add_argument("--device", default="cpu", help="engine device (default cpu)")
+    parser.add_argument("--profile", nargs="?", const="one-group", choices=sorted(CONFIGS), default=None,
+                        help="profile one configuration (default one-group) instead of printing the table")
+    parser.add_argument("--top", type=int, default=25, help="functions shown by --profile (default 25)")
+    args = parser.parse_args(argv)
+    if args.iters < 1 or args.repeats < 1:
+        parser.error(f"--iters and --repeats must be >= 1, got {args.iters} and {args.repeats}")
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    args = parse_args(argv)
+    if args.profile is not None:
+        run_profile(args.profile, args.iters, args.top, args.device)
+        return
+    results = [measure_config(name, args.iters, args.repeats, args.device) for name in CONFIGS]
+    print_table(results, args.iters, args.repeats)
+
+
+if __name__ == "__main__":
+    main()

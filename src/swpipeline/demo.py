@@ -1,0 +1,433 @@
+"""``swpipeline demo``: train a small click model serially and pipelined, and compare.
+
+The job is a DLRM-style recommendation model (embedding bags for the sparse
+features, a bottom MLP for the dense ones, a top MLP on their concatenation,
+binary click label). Every training iteration is five tasks in three stages::
+
+    stage 0  PrepareBatch    thread "prep"     stream "prep"     raw record -> model-ready tensors
+    stage 1  CopyToDevice    thread "copy"     stream "copy"     .to(device, non_blocking=True)
+    stage 2  Forward         thread "default"  stream default    loss of the batch
+             Backward        thread "default"  stream default
+             OptimizerStep   thread "default"  stream default
+
+    period     P0   P1   P2   P3   P4
+    stage 2    --   --   i0   i1   i2     Forward/Backward/OptimizerStep
+    stage 1    --   i0   i1   i2   i3     CopyToDevice
+    stage 0    i0   i1   i2   i3   i4     PrepareBatch (overlaps the model work on another core)
+
+No inter-iteration dependency is declared for Forward/Backward/OptimizerStep:
+they share one thread and one stream, which already run ``OptimizerStep(i-1)``
+before ``Forward(i)``. The model therefore sees exactly the updates of the serial
+loop, and the demo checks that the per-iteration losses of both runs are equal.
+
+Guarantees the check relies on: batch ``k`` is generated from ``seed + k`` alone,
+both runs start from the same initial weights, and every torch op runs with one
+intra-op thread in both runs (``torch.set_num_threads(1)``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, cast
+
+import torch
+from torch import nn
+
+from .clocked import SWPipeline
+from .device import Device, TorchDevice, resolve_device
+from .plan import IterContext, PipelinePlan, PipelineTask, TaskSchedule
+
+__all__: List[str] = []
+
+_MASK31 = 2**31 - 1  # raw ids and hash states are 31-bit, so hash products fit in an int64
+_HASH_MULTIPLIER = 0x45D9F3B  # a well-mixing odd constant for 32-bit integer hashes
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Sizes of the demo job; the defaults give ~2x overlap on two cores in well under 30 s."""
+
+    iters: int = 200
+    batch_size: int = 2048
+    warmup_iters: int = 10
+    seed: int = 0
+    num_dense: int = 13
+    table_sizes: Tuple[int, ...] = (20_000, 10_000, 5_000, 20_000, 8_000, 2_000, 15_000, 4_000)
+    max_events: int = 16  # raw events (ids) per sample and feature: 1..max_events
+    distinct_ids: int = 4  # events of one sample and feature repeat these many distinct ids
+    embedding_dim: int = 16
+    bottom_mlp: Tuple[int, ...] = (64, 16)
+    top_mlp: Tuple[int, ...] = (64,)
+    learning_rate: float = 0.05
+
+    @property
+    def num_sparse(self) -> int:
+        return len(self.table_sizes)
+
+
+# -- synthetic click data ------------------------------------------------------------------
+
+
+class RawBatch(NamedTuple):
+    """One batch as it comes from the event log: raw ids and counts, not yet usable by the model.
+
+    ``ids`` holds every event's raw id, feature-major then sample-major; ``lengths[f, s]``
+    is how many of them belong to feature ``f`` of sample ``s``. A sample's events repeat
+    a few distinct ids (a user clicks the same items again), so most ids are repeats.
+    """
+
+    dense: torch.Tensor  # float32 [B, num_dense], non-negative heavy-tailed counts
+    ids: torch.Tensor  # int64 [sum(lengths)], raw 31-bit ids
+    lengths: torch.Tensor  # int64 [num_sparse, B], 1..max_events
+    labels: torch.Tensor  # float32 [B], 0 or 1
+
+
+def make_raw_batch(cfg: DemoConfig, index: int) -> RawBatch:
+    """Batch ``index`` of the synthetic click log; a function of ``cfg.seed + index`` only."""
+    gen = torch.Generator().manual_seed(cfg.seed + index)
+    num_bags = cfg.num_sparse * cfg.batch_size
+    dense = torch.empty(cfg.batch_size, cfg.num_dense).exponential_(0.05, generator=gen).floor_()
+    lengths = torch.randint(1, cfg.max_events + 1, (cfg.num_sparse, cfg.batch_size), generator=gen)
+    popular = torch.randint(0, 1000, (num_bags, cfg.distinct_ids), generator=gen)  # seen in many samples
+    rare = torch.randint(0, _MASK31, (num_bags, cfg.distinct_ids), generator=gen)
+    candidates = torch.where(torch.rand(num_bags, cfg.distinct_ids, generator=gen) < 0.5, popular, rare)
+    bag = torch.repeat_interleave(torch.arange(num_bags), lengths.flatten())
+    ids = candidates[bag, torch.randint(0, cfg.distinct_ids, (bag.numel(),), generator=gen)]
+    truth = torch.Generator().manual_seed(cfg.seed)  # the same "true" click model for every batch
+    weights = torch.randn(cfg.num_dense, generator=truth)
+    dense_score = torch.log1p(dense) @ weights / cfg.num_dense**0.5
+    sparse_score = (candidates[: cfg.batch_size, 0] % 2).float() - 0.5  # feature 0's first candidate
+    logits = dense_score - dense_score.mean() + sparse_score
+    labels = torch.bernoulli(torch.sigmoid(logits), generator=gen)
+    return RawBatch(dense, ids, lengths, labels)
+
+
+# -- batch preparation (stage 0) and the copy (stage 1) -------------------------------------
+
+
+class ModelBatch(NamedTuple):
+    """A batch the model can consume: one (ids, offsets) pair per embedding bag."""
+
+    dense: torch.Tensor  # float32 [B, num_dense], standardised log-counts
+    ids: Tuple[torch.Tensor, ...]  # per feature: int64 rows of its table, no repeats within a sample
+    offsets: Tuple[torch.Tensor, ...]  # per feature: int64 [B], where each sample's bag starts in ids
+    labels: torch.Tensor  # float32 [B, 1]
+
+    def to(self, device: torch.device) -> "ModelBatch":
+        """The batch on ``device`` (a no-op returning the same tensors when it is already there)."""
+        return ModelBatch(self.dense.to(device, non_blocking=True),
+                          tuple(t.to(device, non_blocking=True) for t in self.ids),
+                          tuple(t.to(device, non_blocking=True) for t in self.offsets),
+                          self.labels.to(device, non_blocking=True))
+
+    def tensors(self) -> List[torch.Tensor]:
+        return [self.dense, *self.ids, *self.offsets, self.labels]
+
+
+def hash_ids(ids: torch.Tensor, feature: torch.Tensor, table_sizes: Sequence[int]) -> torch.Tensor:
+    """Row of each raw id in its feature's table: a feature-salted 31-bit integer hash, mod the table size."""
+    salts = torch.tensor([(0x9E3779B1 * (f + 1)) & _MASK31 for f in range(len(table_sizes))])
+    state = (ids ^ salts[feature]) & _MASK31
+    for _ in range(2):
+        state = ((state >> 16) ^ state) * _HASH_MULTIPLIER & _MASK31
+    state = (state >> 16) ^ state
+    return state % torch.tensor(list(table_sizes))[feature]
+
+
+def prepare_batch(raw: RawBatch, table_sizes: Sequence[int]) -> ModelBatch:
+    """Hash raw ids into their tables, drop repeated ids within a bag, build offsets, standardise dense.
+
+    The work is done for all features at once: each event gets the key
+    ``bag * stride + row`` (``bag = feature * B + sample``), so one sorted ``unique``
+    both removes the repeats and groups the rows by feature, then by sample.
+    """
+    num_sparse, size = raw.lengths.shape
+    bag = torch.repeat_interleave(torch.arange(num_sparse * size), raw.lengths.flatten())
+    rows = hash_ids(raw.ids, torch.div(bag, size, rounding_mode="floor"), table_sizes)
+    stride = max(table_sizes)
+    keys = torch.unique(bag * stride + rows)
+    per_bag = torch.bincount(torch.div(keys, stride, rounding_mode="floor"), minlength=num_sparse * size)
+    per_bag = per_bag.view(num_sparse, size)
+    ids = (keys % stride).split(per_bag.sum(1).tolist())
+    offsets = (per_bag.cumsum(1) - per_bag).unbind(0)
+    log_dense = torch.log1p(raw.dense)
+    dense = (log_dense - log_dense.mean(0)) / (log_dense.std(0) + 1e-6)
+    return ModelBatch(dense, tuple(ids), tuple(offsets), raw.labels.unsqueeze(1))
+
+
+# -- the model -----------------------------------------------------------------------------
+
+
+def _mlp(in_features: int, widths: Sequence[int], relu_last: bool) -> nn.Sequential:
+    """Linear layers of the given widths with ReLU between them (and after the last if asked)."""
+    layers: List[nn.Module] = []
+    for k, width in enumerate(widths):
+        layers.append(nn.Linear(in_features, width))
+        if relu_last or k < len(widths) - 1:
+            layers.append(nn.ReLU())
+        in_features = width
+    return nn.Sequential(*layers)
+
+
+class ClickModel(nn.Module):
+    """DLRM-style: bottom MLP on dense features, one EmbeddingBag per sparse feature, top MLP -> logit."""
+
+    def __init__(self, cfg: DemoConfig) -> None:
+        super().__init__()
+        self.embeddings = nn.ModuleList(nn.EmbeddingBag(rows, cfg.embedding_dim, mode="sum")
+                                        for rows in cfg.table_sizes)
+        self.bottom = _mlp(cfg.num_dense, cfg.bottom_mlp, relu_last=True)
+        top_in = cfg.bottom_mlp[-1] + cfg.num_sparse * cfg.embedding_dim
+        self.top = _mlp(top_in, (*cfg.top_mlp, 1), relu_last=False)
+
+    def forward(self, batch: ModelBatch) -> torch.Tensor:
+        pooled = [bag(ids, offsets) for bag, ids, offsets in zip(self.embeddings, batch.ids, batch.offsets)]
+        logits: torch.Tensor = self.top(torch.cat([self.bottom(batch.dense), *pooled], dim=1))
+        return logits
+
+
+# -- the pipelined training job --------------------------------------------------------------
+
+
+class TrainingContext(Protocol):
+    """What the tasks read from and attach to the engine's IterContext (a view for the type checker)."""
+
+    batch: RawBatch
+    iter_idx: int
+    prepared: ModelBatch
+    on_device: ModelBatch
+    loss: torch.Tensor
+
+
+TaskBody = Callable[[TrainingContext], None]
+
+
+class TrainingJob:
+    """A freshly initialised model and optimizer, the five task functions, and what they record.
+
+    Two jobs built from one config start from bitwise identical weights.
+    """
+
+    def __init__(self, cfg: DemoConfig, device: Device) -> None:
+        self.cfg = cfg
+        self.torch_device = torch_device_of(device)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            self.model = ClickModel(cfg).to(self.torch_device)
+        self.optimizer = torch.optim.Adagrad(self.model.parameters(), lr=cfg.learning_rate)
+        self.loss_fn = nn.BCEWithLogitsLoss()
+        self.losses: List[torch.Tensor] = []  # one 0-dim tensor per iteration, in iteration order
+        self.task_seconds: Dict[str, float] = {}  # host time spent in each task, summed over iterations
+        self.plan = build_plan(self)
+        self.pipe = SWPipeline(self.plan, device)
+
+    def prepare_batch(self, ctx: TrainingContext) -> None:
+        """PrepareBatch: raw record -> model-ready tensors (CPU work)."""
+        ctx.prepared = prepare_batch(ctx.batch, self.cfg.table_sizes)
+
+    def copy_to_device(self, ctx: TrainingContext) -> None:
+        """CopyToDevice: the prepared batch on the training device."""
+        ctx.on_device = ctx.prepared.to(self.torch_device)
+        del ctx.prepared
+
+    def forward(self, ctx: TrainingContext) -> None:
+        """Forward: the batch's loss."""
+        batch = ctx.on_device
+        if self.torch_device.type != "cpu":
+            # The copy stream allocated these tensors; the caching allocator must not hand their
+            # memory back to it before this (default) stream is done with them.
+            stream = torch.accelerator.current_stream(self.torch_device)
+            for tensor in batch.tensors():
+                tensor.record_stream(stream)
+        ctx.loss = self.loss_fn(self.model(batch), batch.labels)
+
+    def backward(self, ctx: TrainingContext) -> None:
+        """Backward: gradients of the batch's loss."""
+        torch.autograd.backward(ctx.loss)
+
+    def optimizer_step(self, ctx: TrainingContext) -> None:
+        """OptimizerStep: update the weights, clear the gradients, record the loss."""
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.losses.append(ctx.loss.detach())
+        del ctx.on_device
+
+    def timed(self, name: str, body: TaskBody) -> Callable[[IterContext], None]:
+        """``body`` as a task function that also adds its host time to ``task_seconds[name]``."""
+        self.task_seconds[name] = 0.0
+
+        def task_fn(ctx: IterContext) -> None:
+            start = time.perf_counter()
+            body(cast(TrainingContext, ctx))
+            self.task_seconds[name] += time.perf_counter() - start
+
+        return task_fn
+
+
+def build_plan(job: TrainingJob) -> PipelinePlan:
+    """The job's three-stage plan: prepare on thread/stream "prep", copy on "copy", train on the defaults."""
+    prepare = PipelineTask("PrepareBatch", job.timed("PrepareBatch", job.prepare_batch))
+    copy = PipelineTask("CopyToDevice", job.timed("CopyToDevice", job.copy_to_device))
+    forward = PipelineTask("Forward", job.timed("Forward", job.forward))
+    backward = PipelineTask("Backward", job.timed("Backward", job.backward))
+    step = PipelineTask("OptimizerStep", job.timed("OptimizerStep", job.optimizer_step))
+    return PipelinePlan(
+        schedule={
+            prepare: TaskSchedule(stage=0, stream="prep", thread_group="prep"),
+            copy: TaskSchedule(stage=1, stream="copy", thread_group="copy"),
+            forward: TaskSchedule(stage=2),
+            backward: TaskSchedule(stage=2),
+            step: TaskSchedule(stage=2),
+        },
+        intra_iter_deps=[(copy, prepare), (forward, copy), (backward, forward), (step, backward)],
+        # No inter_iter_deps: Forward(i) follows OptimizerStep(i-1) on the same thread and stream.
+    )
+
+
+def torch_device_of(device: Device) -> torch.device:
+    """The torch.device tensors must live on for ``device``."""
+    return device.torch_device if isinstance(device, TorchDevice) else torch.device("cpu")
+
+
+# -- running both modes and reporting --------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    """One timed run: its mode, wall-clock seconds, per-iteration losses and per-task host time."""
+
+    mode: str
+    seconds: float
+    losses: torch.Tensor  # [iters], on the CPU
+    task_seconds: Dict[str, float] = field(default_factory=dict)
+
+
+def timed_run(cfg: DemoConfig, device: Device, batches: Sequence[RawBatch], pipelined: bool) -> RunResult:
+    """Warm up on a throwaway job, then train a fresh job on ``batches`` and time it.
+
+    Both modes are timed alike: by the engine, from the first batch to the device being idle.
+    """
+    mode = "pipelined" if pipelined else "serial"
+    warmup_job = TrainingJob(cfg, device)
+    _train(warmup_job, batches[: cfg.warmup_iters], pipelined)
+    job = TrainingJob(cfg, device)
+    seconds = _train(job, batches, pipelined)
+    losses = torch.stack(job.losses).cpu() if job.losses else torch.empty(0)
+    return RunResult(mode, seconds, losses, dict(job.task_seconds))
+
+
+def _train(job: TrainingJob, batches: Sequence[RawBatch], pipelined: bool) -> float:
+    """Run ``batches`` through ``job``'s pipeline; returns the engine's wall-clock seconds."""
+    return job.pipe.run(batches) if pipelined else job.pipe.run_serial(batches)
+
+
+def format_results(serial: RunResult, pipelined: RunResult, iters: int) -> str:
+    """The results table: time, ms/iter and speedup of both runs."""
+    lines = [f"{'mode':<10} {'time (s)':>9} {'ms/iter':>9} {'speedup':>8}",
+             f"{'-' * 10} {'-' * 9} {'-' * 9} {'-' * 8}"]
+    for result in (serial, pipelined):
+        speedup = serial.seconds / result.seconds
+        lines.append(f"{result.mode:<10} {result.seconds:>9.3f} {result.seconds / iters * 1e3:>9.3f} "
+                     f"{speedup:>7.2f}x")
+    return "\n".join(lines)
+
+
+def format_thread_split(job: TrainingJob, serial: RunResult) -> str:
+    """Where the serial run spent its time, per thread group, and the speedup that bounds."""
+    per_group: Dict[str, float] = {}
+    for name, seconds in serial.task_seconds.items():
+        group = job.plan.schedules[name].thread_group
+        per_group[group] = per_group.get(group, 0.0) + seconds
+    parts = ", ".join(f"{group} {seconds:.2f} s" for group, seconds in per_group.items())
+    bound = sum(per_group.values()) / max(max(per_group.values()), 1e-9)
+    return (f"serial run, host time in each thread group's tasks: {parts}\n"
+            f"(the pipelined run overlaps the groups, so the ideal speedup is total / largest = {bound:.2f}x)")
+
+
+def format_loss_check(serial: RunResult, pipelined: RunResult) -> Tuple[bool, str]:
+    """Whether the per-iteration losses are bitwise equal, and a line saying so."""
+    count = serial.losses.numel()
+    if pipelined.losses.shape == serial.losses.shape and torch.equal(serial.losses, pipelined.losses):
+        first, last = (float(serial.losses[0]), float(serial.losses[-1])) if count else (0.0, 0.0)
+        return True, (f"losses equal: yes (all {count} iterations bitwise equal; "
+                      f"loss {first:.4f} at iteration 0 -> {last:.4f} at iteration {count - 1})")
+    if pipelined.losses.shape != serial.losses.shape:
+        return False, (f"losses equal: NO: the serial run recorded {count} losses, the pipelined run "
+                       f"{pipelined.losses.numel()}")
+    k = int((serial.losses != pipelined.losses).nonzero()[0])
+    return False, (f"losses equal: NO: first difference at iteration {k}: serial {float(serial.losses[k])!r}, "
+                   f"pipelined {float(pipelined.losses[k])!r}; the pipelined run did not train the same model")
+
+
+# -- command line ----------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``swpipeline demo`` options to ``parser``."""
+    defaults = DemoConfig()
+    parser.add_argument("--iters", type=_positive_int, default=defaults.iters,
+                        help=f"timed training iterations per mode (default {defaults.iters})")
+    parser.add_argument("--batch-size", type=_positive_int, default=defaults.batch_size,
+                        help=f"samples per batch (default {defaults.batch_size})")
+    parser.add_argument("--warmup-iters", type=int, default=defaults.warmup_iters,
+                        help=f"untimed iterations before each timed run (default {defaults.warmup_iters})")
+    parser.add_argument("--device", default=None,
+                        help="'cpu', 'cuda', 'cuda:1', ... (default: the accelerator if there is one, else the CPU)")
+    parser.add_argument("--seed", type=int, default=defaults.seed,
+                        help=f"seed of the initial weights; batch k is generated from seed + k (default {defaults.seed})")
+
+
+def config_from_args(args: argparse.Namespace) -> DemoConfig:
+    """The DemoConfig for parsed ``swpipeline demo`` arguments."""
+    return replace(DemoConfig(), iters=args.iters, batch_size=args.batch_size,
+                   warmup_iters=max(0, args.warmup_iters), seed=args.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo for parsed arguments; returns 0 when both runs' losses are equal, else 1 (2: bad device)."""
+    cfg = config_from_args(args)
+    try:
+        device = resolve_device(args.device)
+    except (TypeError, ValueError) as exc:
+        print(f"swpipeline demo: error: --device: {exc}", file=sys.stderr)
+        return 2
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return run_demo(cfg, device)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def run_demo(cfg: DemoConfig, device: Device) -> int:
+    """Print the plan, train serially and pipelined, print the comparison; returns the exit code."""
+    print(f"swpipeline demo: DLRM-style click model ({cfg.num_sparse} embedding bags, {cfg.num_dense} dense "
+          f"features), {cfg.iters} iterations x {cfg.batch_size} samples on {device}")
+    print(f"torch.set_num_threads(1): each pipeline thread computes on one core "
+          f"({os.cpu_count()} CPU cores here)\n")
+    job = TrainingJob(cfg, device)
+    job.pipe.print_schedule(5)
+    print()
+    batches = [make_raw_batch(cfg, index) for index in range(cfg.iters)]
+    print(f"training {cfg.warmup_iters} warm-up + {cfg.iters} timed iterations per mode, "
+          f"each mode from the same initial weights ...", flush=True)
+    serial = timed_run(cfg, device, batches, pipelined=False)
+    pipelined = timed_run(cfg, device, batches, pipelined=True)
+    print()
+    print(format_results(serial, pipelined, cfg.iters))
+    print()
+    print(format_thread_split(job, serial))
+    equal, message = format_loss_check(serial, pipelined)
+    print(message)
+    return 0 if equal else 1

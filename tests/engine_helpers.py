@@ -1,0 +1,132 @@
+"""Shared helpers for the engine tests: an execution log and small plan builders."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from swpipeline import PipelinePlan, PipelineTask, TaskSchedule
+
+Event = Tuple[str, str, int, str]  # (kind, task, iter, thread name)
+
+
+class ExecLog:
+    """Thread-safe log of task starts and ends with a global sequence number."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counter = itertools.count()
+        self.events: List[Tuple[int, str, str, int, str]] = []
+
+    def mark(self, kind: str, task: str, iter_idx: int) -> None:
+        with self._lock:
+            self.events.append((next(self._counter), kind, task, iter_idx, threading.current_thread().name))
+
+    def task_fn(self, name: str, work: Optional[Callable[[Any], None]] = None) -> Callable[[Any], None]:
+        def fn(ctx: Any) -> None:
+            self.mark("start", name, ctx.iter_idx)
+            if work is not None:
+                work(ctx)
+            self.mark("end", name, ctx.iter_idx)
+
+        fn.__name__ = name
+        return fn
+
+    def seq(self, kind: str, task: str, iter_idx: int) -> int:
+        for s, k, t, i, _ in self.events:
+            if (k, t, i) == (kind, task, iter_idx):
+                return s
+        raise KeyError((kind, task, iter_idx))
+
+    def starts(self) -> List[Tuple[str, int]]:
+        return [(t, i) for _, k, t, i, _ in self.events if k == "start"]
+
+    def starts_on(self, thread: str) -> List[Tuple[str, int]]:
+        return [(t, i) for _, k, t, i, th in self.events if k == "start" and th == thread]
+
+    def threads_of(self, task: str) -> set[str]:
+        return {th for _, k, t, _, th in self.events if t == task}
+
+
+def check_dependencies(log: ExecLog, plan: PipelinePlan, num_iters: int) -> int:
+    """Assert every declared dependency ended before its consumer started, in every iteration.
+
+    Returns the number of (dependency, iteration) pairs checked.
+    """
+    index: Dict[Tuple[str, str, int], int] = {(k, t, i): s for s, k, t, i, _ in log.events}
+    checked = 0
+    for it in range(num_iters):
+        for task in plan.task_names:
+            start = index[("start", task, it)]
+            for dep in plan.intra[task]:
+                assert index[("end", dep, it)] < start, f"{task}({it}) started before {dep}({it}) ended"
+                checked += 1
+            if it > 0:
+                for dep in plan.inter[task]:
+                    assert index[("end", dep, it - 1)] < start, f"{task}({it}) started before {dep}({it - 1}) ended"
+                    checked += 1
+    return checked
+
+
+def make_plan(log: ExecLog, spec: Dict[str, Tuple[int, Any, str]], intra: Sequence[Tuple[str, str]] = (),
+              inter: Sequence[Tuple[str, str]] = (),
+              work: Optional[Dict[str, Callable[[Any], None]]] = None) -> PipelinePlan:
+    """A plan from ``{name: (stage, stream, thread_group)}`` whose tasks log to ``log``."""
+    work = work or {}
+    schedule = {
+        PipelineTask(name, log.task_fn(name, work.get(name))): TaskSchedule(stage=stage, stream=stream,
+                                                                             thread_group=group)
+        for name, (stage, stream, group) in spec.items()
+    }
+    return PipelinePlan(schedule, list(intra), list(inter))
+
+
+SPARSE_DIST_SPEC: Dict[str, Tuple[int, Any, str]] = {
+    "H2D": (0, "memcpy", "io"),
+    "InputDistStart": (1, "data_dist", "dist"),
+    "InputDistWait": (1, "data_dist", "dist"),
+    "ZeroGrad": (2, None, "default"),
+    "WaitBatch": (2, None, "default"),
+    "Forward": (2, None, "default"),
+    "Backward": (2, None, "default"),
+    "OptimizerStep": (2, None, "default"),
+}
+SPARSE_DIST_INTRA = [
+    ("InputDistStart", "H2D"), ("InputDistWait", "InputDistStart"), ("WaitBatch", "InputDistWait"),
+    ("Forward", "InputDistWait"), ("WaitBatch", "ZeroGrad"), ("Forward", "WaitBatch"),
+    ("Backward", "Forward"), ("OptimizerStep", "Backward"),
+]
+SPARSE_DIST_INTER = [("Forward", "OptimizerStep")]
+
+
+def sparse_dist_plan(log: ExecLog, single_group: bool = False,
+                     work: Optional[Dict[str, Callable[[Any], None]]] = None) -> PipelinePlan:
+    spec = {n: (s, st, "default" if single_group else g) for n, (s, st, g) in SPARSE_DIST_SPEC.items()}
+    return make_plan(log, spec, SPARSE_DIST_INTRA, SPARSE_DIST_INTER, work)
+
+
+def swp_threads() -> List[str]:
+    """Names of live swpipeline worker threads."""
+    return [t.name for t in threading.enumerate() if t.name.startswith("swp-")]
+
+
+def drive(pipe: Any, data: Iterable[Any]) -> List[int]:
+    """fill_pipeline + progress until StopIteration; returns the retired iteration indices."""
+    it = pipe.fill_pipeline(data)
+    retired = []
+    while True:
+        try:
+            retired.append(pipe.progress(it))
+        except StopIteration:
+            return retired
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.001)
+    return predicate()

@@ -1,0 +1,311 @@
+"""SWPipeline end to end on the CPU: timelines, data edge cases, life cycle, threads and streams."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, List
+
+import pytest
+import torch
+
+from engine_helpers import ExecLog, check_dependencies, drive, make_plan, sparse_dist_plan, swp_threads
+from swpipeline import (CPUDevice, IterContext, PipelinePlan, PipelineTask, SimulatedDevice, SWPipeline,
+                        TaskSchedule)
+
+SD = ["H2D", "InputDistStart", "ZeroGrad", "InputDistWait", "WaitBatch", "Forward", "Backward", "OptimizerStep"]
+
+
+def test_single_thread_timeline_is_the_period_schedule() -> None:
+    # One worker receives each period in the ready-first order; it must run exactly that.
+    log = ExecLog()
+    pipe = SWPipeline(sparse_dist_plan(log, single_group=True), device="cpu")
+    assert pipe.enqueue_order == SD
+    assert drive(pipe, range(4)) == [0, 1, 2, 3]
+    period0 = [("H2D", 0)]
+    period1 = [("H2D", 1), ("InputDistStart", 0), ("InputDistWait", 0)]
+    period2 = [("H2D", 2), ("InputDistStart", 1), ("ZeroGrad", 0), ("InputDistWait", 1), ("WaitBatch", 0),
+               ("Forward", 0), ("Backward", 0), ("OptimizerStep", 0)]
+    period3 = [("H2D", 3), ("InputDistStart", 2), ("ZeroGrad", 1), ("InputDistWait", 2), ("WaitBatch", 1),
+               ("Forward", 1), ("Backward", 1), ("OptimizerStep", 1)]
+    period4 = [("InputDistStart", 3), ("ZeroGrad", 2), ("InputDistWait", 3), ("WaitBatch", 2), ("Forward", 2),
+               ("Backward", 2), ("OptimizerStep", 2)]
+    period5 = [("ZeroGrad", 3), ("WaitBatch", 3), ("Forward", 3), ("Backward", 3), ("OptimizerStep", 3)]
+    assert log.starts() == period0 + period1 + period2 + period3 + period4 + period5
+    assert log.threads_of("H2D") == {"swp-default"}
+    assert swp_threads() == []
+
+
+def test_each_thread_group_runs_its_share_in_period_order() -> None:
+    log = ExecLog()
+    plan = sparse_dist_plan(log)
+    pipe = SWPipeline(plan, device="cpu")
+    assert drive(pipe, range(5)) == list(range(5))
+    assert log.starts_on("swp-io") == [("H2D", i) for i in range(5)]
+    assert log.starts_on("swp-dist") == [(t, i) for i in range(5) for t in ("InputDistStart", "InputDistWait")]
+    stage2 = ["ZeroGrad", "WaitBatch", "Forward", "Backward", "OptimizerStep"]
+    assert log.starts_on("swp-default") == [(t, i) for i in range(5) for t in stage2]
+    assert check_dependencies(log, plan, 5) == 5 * 8 + 4 * 1
+
+
+@pytest.mark.parametrize("num_batches", [0, 1, 2, 3, 4, 11])
+def test_every_batch_is_processed_whatever_the_count(num_batches: int) -> None:
+    # depth 3: covers an empty iterator, fewer batches than the depth, exactly the depth, more.
+    seen: List[int] = []
+
+    def consume(ctx: IterContext) -> None:
+        seen.append(ctx.batch)
+
+    log = ExecLog()
+    plan = sparse_dist_plan(log, work={"OptimizerStep": consume})
+    pipe = SWPipeline(plan, device="cpu")
+    batches = [f"b{k}" for k in range(num_batches)]
+    assert drive(pipe, iter(batches)) == list(range(num_batches))
+    assert [f"b{k}" for k in range(num_batches)] == seen
+    assert sorted(log.starts()) == sorted((t, i) for t in plan.task_names for i in range(num_batches))
+    with pytest.raises(StopIteration):
+        pipe.progress(iter([]))  # stays exhausted
+    assert swp_threads() == []
+
+
+def test_run_returns_seconds_and_results_flow_through_the_context() -> None:
+    out: List[int] = []
+
+    def double(ctx: IterContext) -> None:
+        ctx.y = ctx.batch * 2
+
+    def add_one(ctx: IterContext) -> None:
+        ctx.z = ctx.y + 1
+        del ctx.y
+
+    def collect(ctx: IterContext) -> None:
+        out.append(ctx.z)
+
+    a, b, c = PipelineTask("A", double), PipelineTask("B", add_one), PipelineTask("C", collect)
+    plan = PipelinePlan({a: TaskSchedule(stage=0, thread_group="io"), b: TaskSchedule(stage=1),
+                         c: TaskSchedule(stage=1)}, intra_iter_deps=[(b, a), (c, b)])
+    pipe = SWPipeline(plan, device="cpu")
+    elapsed = pipe.run(range(20))
+    assert isinstance(elapsed, float) and elapsed > 0
+    assert out == [2 * k + 1 for k in range(20)]
+    assert pipe.run_serial(range(3)) > 0
+    assert out[20:] == [1, 3, 5]
+
+
+def test_progress_returns_oldest_and_last_context() -> None:
+    log = ExecLog()
+    pipe = SWPipeline(sparse_dist_plan(log), device="cpu")
+    it = pipe.fill_pipeline(["a", "b", "c", "d"])
+    assert pipe.progress(it) == 0
+    ctx = pipe.last_context
+    assert ctx is not None and (ctx.iter_idx, ctx.batch) == (0, "a")
+    assert pipe.progress(it) == 1
+    pipe.drain()
+    assert swp_threads() == []
+
+
+def test_live_contexts_never_exceed_the_depth() -> None:
+    observed: List[int] = []
+    pipe_box: List[SWPipeline] = []
+
+    def observe(ctx: IterContext) -> None:
+        observed.append(len(pipe_box[0]._contexts))
+
+    log = ExecLog()
+    pipe = SWPipeline(sparse_dist_plan(log, work={"H2D": observe, "Forward": observe}), device="cpu")
+    pipe_box.append(pipe)
+    it = pipe.fill_pipeline(range(30))
+    while True:
+        assert len(pipe._contexts) <= pipe.depth
+        try:
+            pipe.progress(it)
+        except StopIteration:
+            break
+    assert max(observed) == pipe.depth and len(observed) == 60
+
+
+def test_life_cycle_errors_and_reuse() -> None:
+    log = ExecLog()
+    pipe = SWPipeline(sparse_dist_plan(log), device="cpu")
+    with pytest.raises(RuntimeError, match="before fill_pipeline"):
+        pipe.progress(iter([1]))
+    it = pipe.fill_pipeline(range(10))
+    with pytest.raises(RuntimeError, match="call drain"):
+        pipe.fill_pipeline(range(10))
+    assert pipe.progress(it) == 0
+    pipe.drain()  # retires iterations 1 and 2 (fetched during fill and the first progress)
+    assert {i for _, i in log.starts()} == {0, 1, 2, 3}
+    assert sorted(i for t, i in log.starts() if t == "OptimizerStep") == [0, 1, 2, 3]
+    assert swp_threads() == []
+    log.events.clear()
+    assert drive(pipe, ["x", "y"]) == [0, 1]  # fresh run: iteration numbers restart at 0
+    pipe.drain()
+    with pytest.raises(TypeError, match="data_iter must be iterable"):
+        pipe.fill_pipeline(5)  # type: ignore[arg-type]
+
+
+def test_refill_after_stop_iteration_without_drain() -> None:
+    pipe = SWPipeline(sparse_dist_plan(ExecLog()), device="cpu")
+    assert drive(pipe, range(2)) == [0, 1]
+    assert drive(pipe, range(3)) == [0, 1, 2]
+
+
+def test_progress_none_retires_without_fetching_then_resumes() -> None:
+    seen: List[Any] = []
+    log = ExecLog()
+    pipe = SWPipeline(sparse_dist_plan(log, work={"OptimizerStep": lambda ctx: seen.append(ctx.batch)}),
+                      device="cpu")
+    it = pipe.fill_pipeline(iter(range(100)))  # fetches batches 0, 1, 2
+    assert pipe.progress(None) == 0
+    assert pipe.progress(None) == 1
+    assert pipe.progress(it) == 2  # the clock ran ahead without data; batch 3 enters now
+    assert pipe.progress(it) == 3
+    assert pipe.progress(None) == 4
+    with pytest.raises(StopIteration):
+        pipe.progress(None)
+    assert seen == [0, 1, 2, 3, 4]
+    assert swp_threads() == []
+
+
+def test_context_manager_drains() -> None:
+    with SWPipeline(sparse_dist_plan(ExecLog()), device="cpu") as pipe:
+        it = pipe.fill_pipeline(range(5))
+        pipe.progress(it)
+        assert len(swp_threads()) == 3
+    assert swp_threads() == []
+
+
+def test_run_serial_uses_the_calling_thread_in_topological_order() -> None:
+    log = ExecLog()
+    pipe = SWPipeline(sparse_dist_plan(log), device="cpu")
+    pipe.run_serial(range(2))
+    serial = ["H2D", "InputDistStart", "InputDistWait", "ZeroGrad", "WaitBatch", "Forward", "Backward",
+              "OptimizerStep"]
+    assert log.starts() == [(t, i) for i in range(2) for t in serial]
+    assert log.threads_of("H2D") == {threading.current_thread().name}
+    ctx = pipe.run_one_serial_iter("batch", iter_idx=7)
+    assert (ctx.batch, ctx.iter_idx) == ("batch", 7)
+    it = pipe.fill_pipeline(range(3))
+    with pytest.raises(RuntimeError, match="drain"):
+        pipe.run_one_serial_iter(0)
+    pipe.drain()
+    del it
+
+
+def test_tasks_on_one_stream_never_overlap_on_cpu() -> None:
+    # Two thread groups share the stream "lane": like kernels on one GPU stream, they must not overlap.
+    intervals: List[tuple[str, float, float]] = []
+    lock = threading.Lock()
+
+    def busy(name: str) -> Any:
+        def fn(ctx: IterContext) -> None:
+            start = time.perf_counter()
+            time.sleep(0.002)
+            with lock:
+                intervals.append((name, start, time.perf_counter()))
+        return fn
+
+    a, b = PipelineTask("A", busy("A")), PipelineTask("B", busy("B"))
+    plan = PipelinePlan({a: TaskSchedule(stage=0, stream="lane", thread_group="g1"),
+                         b: TaskSchedule(stage=1, stream="lane", thread_group="g2")})
+    SWPipeline(plan, device="cpu").run(range(15))
+    intervals.sort(key=lambda x: x[1])
+    assert len(intervals) == 30
+    for (_, _, end), (_, start, _) in zip(intervals, intervals[1:]):
+        assert end <= start
+
+
+def test_device_resolution(caplog: pytest.LogCaptureFixture) -> None:
+    plan = sparse_dist_plan(ExecLog())
+    assert isinstance(SWPipeline(plan).device, CPUDevice)  # no accelerator here
+    with caplog.at_level(logging.WARNING, logger="swpipeline"):
+        pipe = SWPipeline(plan, device=0)
+    assert isinstance(pipe.device, CPUDevice) and "no accelerator" in caplog.text
+    assert str(SWPipeline(plan, device=torch.device("cpu")).device) == "cpu"
+    with pytest.raises(ValueError, match="'cuda:1' requested"):
+        SWPipeline(plan, device="cuda:1")
+    with pytest.raises(ValueError, match="not a device torch knows"):
+        SWPipeline(plan, device="gpu7")
+    with pytest.raises(TypeError, match="device must be"):
+        SWPipeline(plan, device=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="device index must be >= 0"):
+        SWPipeline(plan, device=-1)
+    sim = SimulatedDevice()
+    assert SWPipeline(plan, device=sim).device is sim
+    with pytest.raises(ValueError, match="signal_timeout must be a positive"):
+        SWPipeline(plan, signal_timeout=0)
+    with pytest.raises(TypeError, match="plan must be a PipelinePlan"):
+        SWPipeline({"A": TaskSchedule()})  # type: ignore[arg-type]
+
+
+def test_verbose_run_shows_a_progress_line(capsys: pytest.CaptureFixture[str]) -> None:
+    pipe = SWPipeline(sparse_dist_plan(ExecLog()), device="cpu")
+    pipe.run(list(range(6)), verbose=True)
+    pipe.run_serial(list(range(6)), verbose=True)
+    err = capsys.readouterr().err
+    assert "SWPipeline: 6/6 iterations" in err
+    assert "SWPipeline (serial): 6/6 iterations" in err
+
+
+def test_ranges_are_annotated_only_when_a_profiler_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    labels: List[str] = []
+    real = torch.profiler.record_function
+
+    def spy(label: str) -> Any:
+        labels.append(label)
+        return real(label)
+
+    monkeypatch.setattr(torch.profiler, "record_function", spy)
+    a = PipelineTask("A", lambda ctx: None)
+    pipe = SWPipeline(PipelinePlan({a: TaskSchedule()}), device="cpu")
+    pipe.run(range(3))
+    pipe.run_serial(range(3))
+    assert labels == []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        pipe.run_serial(range(2))
+    assert labels == ["SWP_serial/A/iter0", "SWP_serial/A/iter1"]
+    names = {e.name for e in prof.events()}
+    assert {"SWP_serial/A/iter0", "SWP_serial/A/iter1"} <= names
+
+
+def test_emit_nvtx_is_ignored_without_cuda(caplog: pytest.LogCaptureFixture) -> None:
+    pipe = SWPipeline(sparse_dist_plan(ExecLog()), device="cpu")
+    with caplog.at_level(logging.WARNING, logger="swpipeline"):
+        assert pipe.run(range(3), emit_nvtx=True) > 0
+    assert "emit_nvtx=True ignored" in caplog.text
+
+
+def test_seed_api_example_runs_unchanged() -> None:
+    # The PipelinePlan example of the API reference, with device=0 (CPU here) and a named copy stream.
+    from sw_pipeline import PipelinePlan as SeedPlan, PipelineTask as SeedTask, SWPipeline as SeedPipe
+    from sw_pipeline import TaskSchedule as SeedSchedule
+
+    trace: List[str] = []
+    copy_stream = "memcpy"
+    copy = SeedTask("H2D", lambda ctx: trace.append(f"H2D{ctx.iter_idx}"))
+    fwd = SeedTask("Forward", lambda ctx: trace.append(f"F{ctx.iter_idx}"))
+    bwd = SeedTask("Backward", lambda ctx: trace.append(f"B{ctx.iter_idx}"))
+    optim = SeedTask("Optim", lambda ctx: trace.append(f"O{ctx.iter_idx}"))
+    plan = SeedPlan(
+        schedule={
+            copy: SeedSchedule(stage=0, stream=copy_stream, thread_group="io"),
+            fwd: SeedSchedule(stage=1, thread_group="compute"),
+            bwd: SeedSchedule(stage=1, thread_group="compute"),
+            optim: SeedSchedule(stage=1, thread_group="compute"),
+        },
+        intra_iter_deps=[(fwd, copy), (bwd, fwd), (optim, bwd)],
+        inter_iter_deps=[(fwd, optim)],
+        pipeline_depth=2,
+    )
+    pipe = SeedPipe(plan, device=0)
+    data_iter = pipe.fill_pipeline(range(3))
+    while True:
+        try:
+            idx = pipe.progress(data_iter)
+        except StopIteration:
+            break
+    assert idx == 2
+    compute = [t for t in trace if not t.startswith("H2D")]
+    assert compute == ["F0", "B0", "O0", "F1", "B1", "O1", "F2", "B2", "O2"]
+    assert [t for t in trace if t.startswith("H2D")] == ["H2D0", "H2D1", "H2D2"]

@@ -1,0 +1,404 @@
+"""Orders derived from a plan: period-local edges, stall costs, the ready-first enqueue order.
+
+The expected orders come from seed 000's "Ready-First Scheduling Algorithm" section
+(worked examples and deadlock scenarios). Where the seed's own pseudocode and worked
+example disagree, the library follows the worked example: ready tasks are taken in
+generations (Kahn's algorithm level by level), each generation sorted by
+``(stall_cost, name)``; ``reference_enqueue_order`` below is that reading, written
+independently of the library.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swpipeline import PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
+from swpipeline import ordering
+
+import seed_plans
+
+Edge = Tuple[str, str]  # (producer, consumer)
+
+
+def stream_labels(plan: PipelinePlan) -> Dict[str, str]:
+    """Each task's stream as the engine labels it (None and "default" are the default stream)."""
+    out = {}
+    for name in plan.task_names:
+        spec = plan.schedules[name].stream
+        out[name] = "default" if spec is None else spec
+    return out
+
+
+def make_plan(tasks: Sequence[Tuple[str, int, Optional[str]]], intra: Sequence[Edge] = (),
+              inter: Sequence[Edge] = (), groups: Optional[Dict[str, str]] = None) -> PipelinePlan:
+    """tasks: (name, stage, stream); intra/inter: (task, depends_on) by name."""
+    groups = groups or {}
+    return PipelinePlan(
+        {name: TaskSchedule(stage=stage, stream=stream, thread_group=groups.get(name, "default"))
+         for name, stage, stream in tasks},
+        intra_iter_deps=list(intra), inter_iter_deps=list(inter),
+    )
+
+
+def runs_to_completion(order: Sequence[str], plan: PipelinePlan) -> bool:
+    """Simulate one period: one FIFO queue per thread group, filled in ``order``.
+
+    A queue's head runs once all its period-local producers have run (the engine's
+    phase-1 wait); returns False when every head is blocked (a deadlock).
+    """
+    producers: Dict[str, Set[str]] = {n: set() for n in plan.task_names}
+    for task in plan.task_names:
+        for dep in plan.intra[task]:
+            if plan.stage(dep) == plan.stage(task):
+                producers[task].add(dep)
+        for dep in plan.inter[task]:
+            if plan.stage(dep) == plan.stage(task) + 1:
+                producers[task].add(dep)
+    queues: Dict[str, List[str]] = {}
+    for name in order:
+        queues.setdefault(plan.schedules[name].thread_group, []).append(name)
+    done: Set[str] = set()
+    while any(queues.values()):
+        progressed = False
+        for queue in queues.values():
+            if queue and producers[queue[0]] <= done:
+                done.add(queue.pop(0))
+                progressed = True
+        if not progressed:
+            return False
+    return True
+
+
+def stage_ascending_order(plan: PipelinePlan) -> List[str]:
+    """The naive order that the seed's deadlock scenarios show failing."""
+    return sorted(plan.task_names, key=lambda n: (plan.stage(n), n))
+
+
+# -- period-local graph and stall costs ------------------------------------------------------------
+
+
+def test_sparse_dist_period_local_edges_are_the_seeds_retained_edges() -> None:
+    plan = seed_plans.sparse_dist_worked_example()
+    edges = ordering.period_local_edges(plan)
+    assert len(edges) == 5
+    assert set(edges) == {
+        ("InputDistStart", "InputDistWait"),
+        ("ZeroGrad", "WaitBatch"),
+        ("WaitBatch", "Forward"),
+        ("Forward", "Backward"),
+        ("Backward", "OptimizerStep"),
+    }
+    # The excluded, cross-stage ones.
+    for edge in [("H2D", "InputDistStart"), ("InputDistWait", "WaitBatch"), ("InputDistWait", "Forward")]:
+        assert edge not in edges
+
+
+def test_sparse_dist_stall_costs_are_all_zero() -> None:
+    plan = seed_plans.sparse_dist_worked_example()
+    assert ordering.stall_costs(plan, stream_labels(plan)) == {n: 0 for n in plan.task_names}
+
+
+def test_inter_dep_with_k_0_or_negative_is_not_period_local() -> None:
+    # SparseDist's Forward(i) <- OptimizerStep(i-1) is k = 0: produced a period earlier.
+    assert set(ordering.period_local_edges(seed_plans.sparse_dist())) == set(
+        ordering.period_local_edges(seed_plans.sparse_dist_worked_example()))
+    plan = make_plan([("A", 1, None), ("B", 0, None)], inter=[("A", "B"), ("B", "B")])
+    assert ordering.period_local_edges(plan) == []
+
+
+def test_fused_sparse_dist_forward_pays_for_its_emb_lookup_stream_wait() -> None:
+    plan = seed_plans.fused_sparse_dist_000()
+    assert set(ordering.period_local_edges(plan)) == {
+        ("InputDistStart", "InputDistWait"),
+        ("EmbLookup", "Forward"),
+        ("ZeroGrad", "WaitBatch"),
+        ("WaitBatch", "Forward"),
+        ("Forward", "Backward"),
+        ("Backward", "OptimizerStep"),
+    }
+    costs = ordering.stall_costs(plan, stream_labels(plan))
+    assert costs == {n: (1 if n == "Forward" else 0) for n in plan.task_names}
+
+
+def test_stall_cost_counts_each_cross_stream_period_local_in_edge() -> None:
+    plan = seed_plans.prefetch()
+    costs = ordering.stall_costs(plan, stream_labels(plan))
+    # EmbPrefetch (prefetch stream): InputDistWait (data_dist, same stage) and Forward(i-1) (default, k=1).
+    assert costs == {"H2D": 0, "InputDistStart": 1, "InputDistWait": 0, "EmbPrefetch": 2, "ZeroGrad": 0,
+                     "WaitBatch": 0, "Forward": 0, "Backward": 0, "OptimizerStep": 0}
+
+
+# -- the seed's worked example ---------------------------------------------------------------------
+
+SPARSE_DIST_READY_FIRST = ["H2D", "InputDistStart", "ZeroGrad", "InputDistWait", "WaitBatch", "Forward",
+                           "Backward", "OptimizerStep"]
+SPARSE_DIST_STAGE_DESCENDING = ["ZeroGrad", "WaitBatch", "Forward", "Backward", "OptimizerStep",
+                                "InputDistStart", "InputDistWait", "H2D"]
+
+
+@pytest.mark.parametrize("builder", [seed_plans.sparse_dist_worked_example, seed_plans.sparse_dist,
+                                     seed_plans.comp_autograd])
+def test_sparse_dist_worked_example_enqueue_order(builder) -> None:  # type: ignore[no-untyped-def]
+    plan = builder()
+    assert ordering.enqueue_order(plan, stream_labels(plan)) == SPARSE_DIST_READY_FIRST
+    assert SWPipeline(plan, device="cpu").enqueue_order == SPARSE_DIST_READY_FIRST
+    assert SWPipeline(builder(make_fn=seed_plans.noop), device="cpu").enqueue_order == SPARSE_DIST_READY_FIRST
+
+
+def test_sparse_dist_stage_descending_order() -> None:
+    plan = seed_plans.sparse_dist_worked_example()
+    assert ordering.stage_descending_order(plan) == SPARSE_DIST_STAGE_DESCENDING
+    assert ordering.schedule_rows(plan) == SPARSE_DIST_STAGE_DESCENDING
+
+
+def test_semi_sync_stage_descending_order_is_the_seeds() -> None:
+    assert ordering.stage_descending_order(seed_plans.semi_sync()) == [
+        "ZeroGrad", "Forward", "Backward", "EmbBackward", "OptimizerStep", "EmbLookup", "InputDistStart",
+        "InputDistWait", "H2D"]
+
+
+def test_semi_sync_enqueue_order_puts_backward_before_the_next_emb_lookup() -> None:
+    # EmbLookup(i+1) (stage 2) reads the weights Backward(i) (stage 3) updated: k = 1, same period.
+    order = SWPipeline(seed_plans.semi_sync(), device="cpu").enqueue_order
+    assert order == ["H2D", "InputDistStart", "ZeroGrad", "Forward", "InputDistWait", "Backward", "EmbBackward",
+                     "EmbLookup", "OptimizerStep"]
+
+
+def test_fused_sparse_dist_enqueue_order() -> None:
+    order = SWPipeline(seed_plans.fused_sparse_dist_000(), device="cpu").enqueue_order
+    assert order == ["EmbLookup", "H2D", "InputDistStart", "ZeroGrad", "InputDistWait", "WaitBatch", "Forward",
+                     "Backward", "OptimizerStep"]
+
+
+# -- the P/Q/R/A example --------------------------------------------------------------------------
+#
+# Seed 000 writes R(stage 0) with intra_iter_deps=[Q(stage 1)], which breaks Corollary 1;
+# its text then treats that edge as excluded. Two consistent readings:
+#   * the library's: R(i) needs Q(i-1) (inter_iter_deps, k = 1, a cross-stream wait like A's);
+#   * the seed's outcome: R has no same-period dependency.
+
+
+def pqra(r_intra: Sequence[Edge] = (), r_inter: Sequence[Edge] = ()) -> PipelinePlan:
+    return make_plan([("P", 0, "X"), ("Q", 1, "Y"), ("R", 0, "X"), ("A", 0, "Z")],
+                     intra=[("Q", "P"), *r_intra], inter=[("A", "Q"), *r_inter])
+
+
+def test_pqra_literal_seed_plan_breaks_corollary_1() -> None:
+    with pytest.raises(ValueError, match=r"'R' \(stage 0\) depends on 'Q' \(stage 1\).*Corollary 1"):
+        SWPipeline(pqra(r_intra=[("R", "Q")]), device="cpu")
+
+
+def test_pqra_library_reading_r_waits_for_q_of_the_previous_iteration() -> None:
+    plan = pqra(r_inter=[("R", "Q")])
+    assert set(ordering.period_local_edges(plan)) == {("Q", "A"), ("Q", "R")}
+    assert ordering.stall_costs(plan, stream_labels(plan)) == {"P": 0, "Q": 0, "R": 1, "A": 1}
+    order = SWPipeline(plan, device="cpu").enqueue_order
+    assert order == ["P", "Q", "A", "R"]
+    # On stream X, P is submitted before R: it does not idle behind R's wait for Q.
+    assert order.index("P") < order.index("R")
+    # Stage-descending submits Q (stage 1) first, delaying P, which does not need Q.
+    descending = ordering.stage_descending_order(plan)
+    assert descending[0] == "Q"
+    assert descending == ["Q", "A", "P", "R"]  # ties inside a stage by name
+    assert descending.index("Q") < descending.index("P")
+
+
+@pytest.mark.parametrize("r_intra", [(), (("R", "P"),)], ids=["R-independent", "R-after-P-same-stream"])
+def test_pqra_seed_reading_gives_p_q_r_a(r_intra: Sequence[Edge]) -> None:
+    plan = pqra(r_intra=r_intra)
+    assert ordering.stall_costs(plan, stream_labels(plan)) == {"P": 0, "Q": 0, "R": 0, "A": 1}
+    assert SWPipeline(plan, device="cpu").enqueue_order == ["P", "Q", "R", "A"]
+    assert ordering.enqueue_order(plan, stream_labels(plan)) == ["P", "Q", "R", "A"]
+    assert ordering.stage_descending_order(plan)[0] == "Q"
+
+
+def test_lower_stall_cost_goes_first_among_ready_tasks() -> None:
+    # B and C are both released by A; C's wait is cross-stream, so B goes first despite its name.
+    plan = make_plan([("A", 0, "s"), ("C", 0, "s"), ("B", 0, "t")], intra=[("C", "A"), ("B", "A")])
+    assert ordering.enqueue_order(plan, stream_labels(plan)) == ["A", "C", "B"]
+    same = {n: "s" for n in plan.task_names}
+    assert ordering.enqueue_order(plan, same) == ["A", "B", "C"]
+
+
+def test_ready_tasks_are_taken_in_generations() -> None:
+    # Seed 000 step 3: ZeroGrad (released at the start) goes before InputDistWait (released by
+    # InputDistStart), although the seed's pseudocode, re-sorting the ready list, would not.
+    order = ordering.enqueue_order(seed_plans.sparse_dist_worked_example(),
+                                   stream_labels(seed_plans.sparse_dist_worked_example()))
+    assert order.index("ZeroGrad") < order.index("InputDistWait")
+
+
+# -- deadlock scenarios ------------------------------------------------------------------------------
+
+
+def test_deadlock_scenario_1_single_thread_k1() -> None:
+    # A(s=0, T1), B(s=1, T1), A.inter_iter_deps=[B]: same period.
+    plan = make_plan([("A", 0, None), ("B", 1, None)], inter=[("A", "B")], groups={"A": "T1", "B": "T1"})
+    assert ordering.period_local_edges(plan) == [("B", "A")]
+    assert not runs_to_completion(stage_ascending_order(plan), plan)  # A -> wait B -> blocked
+    order = SWPipeline(plan, device="cpu").enqueue_order
+    assert order == ["B", "A"]
+    assert runs_to_completion(order, plan)
+
+
+def test_deadlock_scenario_2_multi_thread_cross() -> None:
+    # T1: A(s=0), D(s=1); T2: C(s=0), B(s=1); A needs B(i-1), C needs D(i-1).
+    groups = {"A": "T1", "D": "T1", "C": "T2", "B": "T2"}
+    plan = make_plan([("A", 0, None), ("D", 1, None), ("C", 0, None), ("B", 1, None)],
+                     inter=[("A", "B"), ("C", "D")], groups=groups)
+    assert set(ordering.period_local_edges(plan)) == {("B", "A"), ("D", "C")}
+    assert not runs_to_completion(stage_ascending_order(plan), plan)  # mutual wait
+    order = SWPipeline(plan, device="cpu").enqueue_order
+    assert order == ["B", "D", "A", "C"]
+    assert max(order.index("B"), order.index("D")) < min(order.index("A"), order.index("C"))
+    assert runs_to_completion(order, plan)
+
+
+def test_k1_supplier_is_enqueued_before_its_consumer_in_mode_b() -> None:
+    # fwd(0), bwd(0), opt(1), fwd.inter_iter_deps=[opt]: opt(i-1) runs in fwd(i)'s period.
+    plan = make_plan([("fwd", 0, None), ("bwd", 0, None), ("opt", 1, None)],
+                     intra=[("bwd", "fwd"), ("opt", "bwd")], inter=[("fwd", "opt")])
+    assert SWPipeline(plan, device="cpu").enqueue_order == ["opt", "fwd", "bwd"]
+
+
+def test_validate_stages_directly() -> None:
+    ordering.validate_stages(seed_plans.fused_sparse_dist())
+    with pytest.raises(ValueError, match=r"Corollary 3"):
+        ordering.validate_stages(make_plan([("f", 0, None), ("o", 2, None)], inter=[("f", "o")]))
+    with pytest.raises(ValueError, match=r"Corollary 1"):
+        ordering.validate_stages(make_plan([("f", 0, None), ("o", 1, None)], intra=[("f", "o")]))
+
+
+# -- serial order ------------------------------------------------------------------------------
+
+
+def test_serial_order_is_topological_with_stage_then_name_ties() -> None:
+    assert ordering.serial_order(seed_plans.fused_sparse_dist()) == [
+        "H2D", "InputDistStart", "InputDistWait", "EmbLookup", "ZeroGrad", "WaitBatch", "Forward", "Backward",
+        "OptimizerStep"]
+    assert ordering.serial_order(seed_plans.pt2()) == [
+        "Backward", "Forward", "H2D", "InputTransform", "LoadBatch", "OptimizerStep", "ZeroGrad"]
+
+
+# -- properties over random valid plans -------------------------------------------------------------
+
+NAME_POOL = ["alpha", "Bravo", "c", "D2", "echo", "F", "g_h", "Hotel", "i9"]
+STREAMS = [None, "default", "s1", "s2"]
+GROUPS = ["default", "g1", "g2"]
+
+
+@st.composite
+def random_plans(draw: st.DrawFn) -> Dict[str, object]:
+    n = draw(st.integers(1, 8))
+    names = draw(st.permutations(NAME_POOL))[:n]
+    stages = {name: draw(st.integers(0, 3)) for name in names}
+    rank = {name: k for k, name in enumerate(draw(st.permutations(names)))}  # intra deps follow this order
+    intra: List[Edge] = []
+    inter: List[Edge] = []
+    for task in names:
+        for dep in names:
+            if task != dep and rank[dep] < rank[task] and stages[dep] <= stages[task] and draw(st.booleans()):
+                intra.append((task, dep))
+            if stages[dep] - stages[task] <= 1 and draw(st.integers(0, 3)) == 0:
+                inter.append((task, dep))
+    streams = {name: draw(st.sampled_from(STREAMS)) for name in names}
+    groups = {name: draw(st.sampled_from(GROUPS)) for name in names}
+    return {"names": names, "stages": stages, "intra": intra, "inter": inter, "streams": streams,
+            "groups": groups}
+
+
+def plan_from(spec: Dict[str, object], shuffle: Optional[random.Random] = None) -> PipelinePlan:
+    names = list(spec["names"])  # type: ignore[call-overload]
+    intra = list(spec["intra"])  # type: ignore[call-overload]
+    inter = list(spec["inter"])  # type: ignore[call-overload]
+    if shuffle is not None:
+        shuffle.shuffle(names)
+        shuffle.shuffle(intra)
+        shuffle.shuffle(inter)
+    stages, streams, groups = spec["stages"], spec["streams"], spec["groups"]
+    tasks = {name: PipelineTask(name, seed_plans.noop(name)) for name in names}
+    return PipelinePlan(
+        {tasks[n]: TaskSchedule(stage=stages[n], stream=streams[n], thread_group=groups[n])  # type: ignore[index]
+         for n in names},
+        intra_iter_deps=[(tasks[t], tasks[d]) for t, d in intra],
+        inter_iter_deps=[(t, d) for t, d in inter],
+    )
+
+
+def expected_local_edges(spec: Dict[str, object]) -> Set[Edge]:
+    stages = spec["stages"]
+    edges = {(d, t) for t, d in spec["intra"] if stages[d] == stages[t]}  # type: ignore[index, attr-defined]
+    edges |= {(d, t) for t, d in spec["inter"] if stages[d] == stages[t] + 1}  # type: ignore[index, attr-defined]
+    return edges
+
+
+def reference_enqueue_order(spec: Dict[str, object]) -> List[str]:
+    """Kahn's algorithm in generations, each generation sorted by (stall cost, name)."""
+    names: List[str] = list(spec["names"])  # type: ignore[call-overload]
+    label = {n: ("default" if s is None else s) for n, s in spec["streams"].items()}  # type: ignore[attr-defined]
+    edges = expected_local_edges(spec)
+    cost = {n: sum(1 for d, t in edges if t == n and label[d] != label[n]) for n in names}
+    order: List[str] = []
+    current = [n for n in names if not any(t == n for _, t in edges)]
+    while current:
+        order += sorted(current, key=lambda n: (cost[n], n))
+        emitted = set(order)
+        current = [n for n in names if n not in emitted and all(d in emitted for d, t in edges if t == n)]
+    return order
+
+
+@settings(max_examples=120, deadline=None)
+@given(random_plans(), st.integers(0, 2**32 - 1))
+def test_enqueue_order_of_random_valid_plans(spec: Dict[str, object], seed: int) -> None:
+    plan = plan_from(spec)
+    pipe = SWPipeline(plan, device="cpu")  # valid by construction (Corollaries 1 and 3)
+    order = pipe.enqueue_order
+
+    # Every task exactly once.
+    assert sorted(order) == sorted(spec["names"])  # type: ignore[call-overload]
+    assert len(order) == len(set(order))
+
+    # A topological order of the period-local graph (computed here, not by the library).
+    local = expected_local_edges(spec)
+    assert set(ordering.period_local_edges(plan)) == local
+    position = {n: k for k, n in enumerate(order)}
+    for producer, consumer in local:
+        assert position[producer] < position[consumer], (producer, consumer, order)
+
+    # So no thread group's FIFO queue can deadlock inside a period.
+    assert runs_to_completion(order, plan)
+
+    # The documented rule: generations, each sorted by (stall cost, name).
+    assert order == reference_enqueue_order(spec)
+
+    # Deterministic: the same plan declared in another order gives the same orders.
+    again = plan_from(spec, shuffle=random.Random(seed))
+    assert SWPipeline(again, device="cpu").enqueue_order == order
+    assert ordering.enqueue_order(plan, stream_labels(plan)) == order
+    assert ordering.schedule_rows(again) == ordering.schedule_rows(plan)
+    assert ordering.serial_order(again) == ordering.serial_order(plan)
+
+
+@settings(max_examples=100, deadline=None)
+@given(random_plans())
+def test_schedule_rows_and_serial_order_of_random_valid_plans(spec: Dict[str, object]) -> None:
+    plan = plan_from(spec)
+    stages = spec["stages"]
+    rows = ordering.schedule_rows(plan)
+    assert sorted(rows) == sorted(spec["names"])  # type: ignore[call-overload]
+    # Rows are stage-descending...
+    assert [stages[n] for n in rows] == sorted((stages[n] for n in rows), reverse=True)  # type: ignore[index]
+    # ...and topological inside a stage; the serial order is topological over every intra dep.
+    row_pos = {n: k for k, n in enumerate(rows)}
+    serial = ordering.serial_order(plan)
+    serial_pos = {n: k for k, n in enumerate(serial)}
+    assert sorted(serial) == sorted(rows)
+    for task, dep in spec["intra"]:  # type: ignore[attr-defined]
+        assert serial_pos[dep] < serial_pos[task]
+        if stages[dep] == stages[task]:  # type: ignore[index]
+            assert row_pos[dep] < row_pos[task]

@@ -1,0 +1,492 @@
+"""The plan model: data classes, PipelinePlan validation, and the engine's stage rules (Corollaries 1 and 3)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Dict, List, Set, Tuple
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swpipeline import DeclaredIO, IterContext, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
+from swpipeline.plan import NamedOnlyTask
+
+import seed_plans
+
+
+def fn_a(ctx: IterContext) -> None:
+    ctx.a = 1
+
+
+def fn_b(ctx: IterContext) -> None:
+    ctx.b = 2
+
+
+S0 = TaskSchedule()
+S1 = TaskSchedule(stage=1)
+S2 = TaskSchedule(stage=2)
+
+
+# -- IterContext -------------------------------------------------------------------------------
+
+
+def test_iter_context_holds_batch_index_and_arbitrary_attributes() -> None:
+    batch = {"x": [1, 2]}
+    ctx = IterContext(batch, 7)
+    assert ctx.batch is batch
+    assert ctx.iter_idx == 7
+    ctx.x_gpu = "tensor"
+    ctx.logits = 3
+    assert ctx.x_gpu == "tensor"
+    assert repr(ctx) == "IterContext(iter_idx=7, attrs=['logits', 'x_gpu'])"
+    del ctx.x_gpu  # tasks free intermediate results early
+    assert not hasattr(ctx, "x_gpu")
+    assert repr(ctx) == "IterContext(iter_idx=7, attrs=['logits'])"
+
+
+def test_iter_contexts_are_independent() -> None:
+    a, b = IterContext(None, 0), IterContext(None, 1)
+    a.x = 1
+    assert not hasattr(b, "x")
+
+
+# -- DeclaredIO --------------------------------------------------------------------------------
+
+
+def test_declared_io_keeps_its_callables_and_is_frozen() -> None:
+    shared: Dict[str, int] = {"k": 1}
+    io = DeclaredIO(capture=lambda: dict(shared), restore=lambda s: shared.update(s))
+    snap = io.capture()
+    shared["k"] = 5
+    io.restore(snap)
+    assert shared == {"k": 1}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        io.capture = lambda: None  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("capture, restore", [
+    (None, lambda v: None),
+    (lambda: 1, "restore"),
+    (1, 2),
+])
+def test_declared_io_rejects_non_callables(capture: object, restore: object) -> None:
+    with pytest.raises(TypeError, match=r"DeclaredIO: capture and restore must both be callables"):
+        DeclaredIO(capture=capture, restore=restore)  # type: ignore[arg-type]
+
+
+# -- PipelineTask ------------------------------------------------------------------------------
+
+
+def test_pipeline_task_equality_and_hash_are_by_name() -> None:
+    a1 = PipelineTask("A", fn_a)
+    a2 = PipelineTask("A", fn_b)  # same name, different function
+    b = PipelineTask("B", fn_a)  # same function, different name
+    assert a1 == a2
+    assert hash(a1) == hash(a2)
+    assert a1 != b
+    assert len({a1, a2, b}) == 2
+    assert a1 != "A"  # a name string is not a task
+    assert repr(a1) == "PipelineTask('A')"
+
+
+def test_pipeline_task_is_a_usable_dict_key() -> None:
+    a = PipelineTask("A", fn_a)
+    d = {a: TaskSchedule(stage=1)}
+    assert d[PipelineTask("A", fn_b)].stage == 1
+    assert PipelineTask("B", fn_a) not in d
+
+
+def test_pipeline_task_defaults_and_io() -> None:
+    a, b = PipelineTask("A", fn_a), PipelineTask("B", fn_b)
+    assert a.io == [] and b.io == []
+    a.io.append(DeclaredIO(lambda: 1, lambda v: None))
+    assert b.io == []  # no shared mutable default
+    io = DeclaredIO(lambda: 1, lambda v: None)
+    t = PipelineTask("T", fn_a, io=(io,))  # type: ignore[arg-type]
+    assert t.io == [io] and isinstance(t.io, list)
+
+
+@pytest.mark.parametrize("name", ["", None, 3, b"A"])
+def test_pipeline_task_rejects_bad_names(name: object) -> None:
+    with pytest.raises(TypeError, match=r"PipelineTask: name must be a non-empty str"):
+        PipelineTask(name, fn_a)  # type: ignore[arg-type]
+
+
+def test_pipeline_task_rejects_non_callable_fn() -> None:
+    with pytest.raises(TypeError, match=r"PipelineTask 'A': fn must be callable, got int"):
+        PipelineTask("A", 3)  # type: ignore[arg-type]
+
+
+def test_pipeline_task_rejects_bad_io_entries() -> None:
+    with pytest.raises(TypeError, match=r"PipelineTask 'A': io entries must be DeclaredIO, got tuple"):
+        PipelineTask("A", fn_a, io=[(lambda: 1, lambda v: None)])  # type: ignore[list-item]
+
+
+# -- TaskSchedule ------------------------------------------------------------------------------
+
+
+def test_task_schedule_defaults() -> None:
+    s = TaskSchedule()
+    assert (s.stage, s.stream, s.thread_group, s.globally_ordered) == (0, None, "default", False)
+    assert TaskSchedule(stage=2).stage == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.stage = 1  # type: ignore[misc]
+
+
+def test_task_schedule_accepts_the_seed_examples() -> None:
+    s = TaskSchedule(stage=0, stream="memcpy", thread_group="io")
+    assert (s.stage, s.stream, s.thread_group) == (0, "memcpy", "io")
+    assert TaskSchedule(stage=1, globally_ordered=True).globally_ordered is True
+    obj = object()
+    assert TaskSchedule(stream=obj).stream is obj  # a stream object is allowed
+
+
+@pytest.mark.parametrize("stage", [True, False, "1", 1.0, None])
+def test_task_schedule_stage_must_be_an_int(stage: object) -> None:
+    with pytest.raises(TypeError, match=r"TaskSchedule: stage must be an int, got " + re.escape(repr(stage))):
+        TaskSchedule(stage=stage)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("group", ["", None, 1])
+def test_task_schedule_thread_group_must_be_a_non_empty_str(group: object) -> None:
+    with pytest.raises(TypeError, match=r"TaskSchedule: thread_group must be a non-empty str"):
+        TaskSchedule(thread_group=group)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("flag", [1, 0, "yes", None])
+def test_task_schedule_globally_ordered_must_be_a_bool(flag: object) -> None:
+    with pytest.raises(TypeError, match=r"TaskSchedule: globally_ordered must be a bool"):
+        TaskSchedule(globally_ordered=flag)  # type: ignore[arg-type]
+
+
+def test_task_schedule_rejects_an_empty_stream_name() -> None:
+    with pytest.raises(ValueError, match=r"stream name must be non-empty \(use None for the default stream\)"):
+        TaskSchedule(stream="")
+
+
+# -- PipelinePlan: what a valid plan holds -------------------------------------------------------
+
+
+def test_plan_lists_tasks_in_declaration_order_with_resolved_deps() -> None:
+    plan = seed_plans.sparse_dist()
+    assert plan.task_names == ["H2D", "InputDistStart", "InputDistWait", "ZeroGrad", "WaitBatch", "Forward",
+                               "Backward", "OptimizerStep"]
+    assert plan.intra == {
+        "H2D": [], "InputDistStart": ["H2D"], "InputDistWait": ["InputDistStart"], "ZeroGrad": [],
+        "WaitBatch": ["InputDistWait", "ZeroGrad"], "Forward": ["InputDistWait", "WaitBatch"],
+        "Backward": ["Forward"], "OptimizerStep": ["Backward"],
+    }
+    assert plan.inter == {n: (["OptimizerStep"] if n == "Forward" else []) for n in plan.task_names}
+    assert plan.stage("InputDistWait") == 1
+    assert plan.schedules["InputDistStart"].globally_ordered is True
+    assert plan.depth == 3 and plan.pipeline_depth == 3
+
+
+def test_string_keys_declare_named_only_tasks_that_cannot_run() -> None:
+    plan = PipelinePlan({"A": S0})
+    task = plan.task("A")
+    assert isinstance(task, NamedOnlyTask) and task.name == "A"
+    with pytest.raises(RuntimeError, match=r"task 'A' has no function.*PipelineTask\('A', fn\)"):
+        task.fn(IterContext(None, 0))
+    with pytest.raises(KeyError):
+        plan.task("B")
+
+
+def test_object_and_name_references_give_the_same_plan() -> None:
+    by_name = seed_plans.fused_sparse_dist()
+    by_object = seed_plans.fused_sparse_dist(make_fn=seed_plans.noop)
+    assert by_object.task_names == by_name.task_names
+    assert by_object.intra == by_name.intra
+    assert by_object.inter == by_name.inter
+    assert by_object.schedules == by_name.schedules
+    assert by_object.depth == by_name.depth
+    assert all(type(t) is PipelineTask for t in by_object.tasks)
+
+    a, b = PipelineTask("A", fn_a), PipelineTask("B", fn_b)
+    mixed = PipelinePlan({a: S0, b: S1}, intra_iter_deps=[("B", a)], inter_iter_deps=[(a, "B")])
+    assert mixed.intra == {"A": [], "B": ["A"]}
+    assert mixed.inter == {"A": ["B"], "B": []}
+    assert mixed.task("A") is a
+
+
+def test_schedule_may_be_a_sequence_of_pairs() -> None:
+    a, b = PipelineTask("A", fn_a), PipelineTask("B", fn_b)
+    for schedule in ([(b, S1), (a, S0)], ((b, S1), (a, S0))):
+        plan = PipelinePlan(schedule, intra_iter_deps=[(b, a)])
+        assert plan.task_names == ["B", "A"]
+        assert plan.depth == 2
+
+
+def test_repeated_dependency_pairs_are_kept_once() -> None:
+    plan = PipelinePlan({"A": S0, "B": S0}, intra_iter_deps=[("B", "A"), ("B", "A")],
+                        inter_iter_deps=[("A", "B"), ("A", "B")])
+    assert plan.intra["B"] == ["A"]
+    assert plan.inter["A"] == ["B"]
+
+
+def test_inter_iteration_self_dependency_is_allowed() -> None:
+    plan = PipelinePlan({"A": S0, "B": S1}, inter_iter_deps=[("A", "A"), ("B", "B")])
+    assert plan.inter == {"A": ["A"], "B": ["B"]}
+    SWPipeline(plan, device="cpu")  # k = 0: the previous iteration ran in an earlier period
+
+
+@pytest.mark.parametrize("stages, depth", [([0], 1), ([0, 0], 1), ([1, 0], 2), ([0, 2], 3), ([3, 3, 1], 4)])
+def test_pipeline_depth_is_inferred_as_max_stage_plus_one(stages: List[int], depth: int) -> None:
+    plan = PipelinePlan({f"T{k}": TaskSchedule(stage=s) for k, s in enumerate(stages)})
+    assert plan.depth == depth
+    assert plan.pipeline_depth == depth
+    assert PipelinePlan({f"T{k}": TaskSchedule(stage=s) for k, s in enumerate(stages)},
+                        pipeline_depth=depth).depth == depth
+
+
+@pytest.mark.parametrize("given_depth", [1, 2, 4])
+def test_contradicting_pipeline_depth_is_rejected(given_depth: int) -> None:
+    msg = (f"pipeline_depth={given_depth} contradicts the stages: max(stage) + 1 = 3 "
+           f"(deepest tasks: ['B', 'C']); omit pipeline_depth or set it to 3")
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        PipelinePlan({"A": S0, "B": S2, "C": S2}, pipeline_depth=given_depth)
+
+
+@pytest.mark.parametrize("depth", [2.0, "2", True])
+def test_pipeline_depth_must_be_an_int(depth: object) -> None:
+    with pytest.raises(TypeError, match=r"pipeline_depth must be an int or None, got " + re.escape(repr(depth))):
+        PipelinePlan({"A": S0, "B": S1}, pipeline_depth=depth)  # type: ignore[arg-type]
+
+
+# -- PipelinePlan: rejected plans ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("schedule", [{}, [], ()])
+def test_empty_schedule_is_rejected(schedule: object) -> None:
+    with pytest.raises(ValueError, match=r"schedule is empty: a plan needs at least one task"):
+        PipelinePlan(schedule)  # type: ignore[arg-type]
+
+
+def test_duplicate_name_from_a_string_key_and_a_task_key() -> None:
+    schedule = {"A": S0, PipelineTask("A", fn_a): S1}
+    assert len(schedule) == 2  # the dict keeps both keys: a str never equals a task
+    with pytest.raises(ValueError, match=r"schedule: duplicate task name 'A'; every task needs a unique name"):
+        PipelinePlan(schedule)
+
+
+def test_duplicate_name_from_two_task_objects_in_pairs() -> None:
+    with pytest.raises(ValueError, match=r"schedule: duplicate task name 'A'"):
+        PipelinePlan([(PipelineTask("A", fn_a), S0), (PipelineTask("A", fn_b), S1)])
+
+
+def test_duplicate_name_in_a_sequence_of_pairs() -> None:
+    with pytest.raises(ValueError, match=r"schedule: duplicate task name 'B'"):
+        PipelinePlan([("A", S0), ("B", S0), ("B", S1)])
+
+
+@pytest.mark.parametrize("field", ["intra_iter_deps", "inter_iter_deps"])
+def test_dependency_on_a_different_task_object_with_a_scheduled_name(field: str) -> None:
+    a, b = PipelineTask("A", fn_a), PipelineTask("B", fn_b)
+    impostor = PipelineTask("A", fn_b)
+    with pytest.raises(ValueError, match=rf"{field}: duplicate task name 'A': it refers to a different "
+                                         rf"PipelineTask than the schedule's"):
+        PipelinePlan({a: S0, b: S0}, **{field: [(b, impostor)]})
+    with pytest.raises(ValueError, match=rf"{field}: duplicate task name 'A'"):
+        PipelinePlan({a: S0, b: S0}, **{field: [(impostor, b)]})
+
+
+@pytest.mark.parametrize("field", ["intra_iter_deps", "inter_iter_deps"])
+@pytest.mark.parametrize("pair", [("A", "X"), ("X", "A"), ("A", PipelineTask("Nope", fn_a))])
+def test_unknown_task_references_are_rejected(field: str, pair: Tuple[object, object]) -> None:
+    bad = pair[1] if pair[0] == "A" else pair[0]
+    name = bad if isinstance(bad, str) else bad.name  # type: ignore[attr-defined]
+    msg = f"{field}: unknown task {name!r}; add it to the schedule or fix the name (known: ['A', 'B'])"
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        PipelinePlan({"A": S0, "B": S0}, **{field: [pair]})
+
+
+def test_intra_iteration_self_dependency_is_rejected() -> None:
+    a = PipelineTask("A", fn_a)
+    with pytest.raises(ValueError, match=r"intra_iter_deps: 'A' depends on itself; remove the pair.*inter_iter_deps"):
+        PipelinePlan({a: S0}, intra_iter_deps=[(a, a)])
+    with pytest.raises(ValueError, match=r"intra_iter_deps: 'B' depends on itself"):
+        PipelinePlan({"A": S0, "B": S0}, intra_iter_deps=[("B", "A"), ("B", "B")])
+
+
+def test_intra_iteration_cycle_is_rejected_and_listed() -> None:
+    msg = ("intra_iter_deps: dependency cycle 'A' -> 'B' -> 'C' -> 'A' (read 'a -> b' as 'a depends on b'); "
+           "a plan's intra-iteration dependencies must form a DAG")
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        PipelinePlan({"A": S0, "B": S0, "C": S0}, intra_iter_deps=[("A", "B"), ("B", "C"), ("C", "A")])
+
+
+def test_two_task_cycle_behind_an_acyclic_prefix() -> None:
+    with pytest.raises(ValueError, match=re.escape("dependency cycle 'C' -> 'D' -> 'C'")):
+        PipelinePlan({"A": S0, "B": S0, "C": S0, "D": S0},
+                     intra_iter_deps=[("B", "A"), ("C", "B"), ("C", "D"), ("D", "C")])
+
+
+def test_an_inter_iteration_back_edge_is_not_a_cycle() -> None:
+    plan = PipelinePlan({"F": S0, "B": S0, "O": S0}, intra_iter_deps=[("B", "F"), ("O", "B")],
+                        inter_iter_deps=[("F", "O")])
+    assert plan.inter["F"] == ["O"]
+
+
+def test_negative_stage_is_rejected_naming_the_task() -> None:
+    with pytest.raises(ValueError, match=re.escape("schedule['Fwd']: stage -1 is negative; stages count from 0")):
+        PipelinePlan({"H2D": S0, "Fwd": TaskSchedule(stage=-1)})
+    with pytest.raises(ValueError, match=r"schedule\['T'\]: stage -3 is negative"):
+        PipelinePlan([(PipelineTask("T", fn_a), TaskSchedule(stage=-3))])
+
+
+@pytest.mark.parametrize("schedule, kind", [("AB", "str"), ({"A", "B"}, "set"), (None, "NoneType"),
+                                            (iter([("A", S0)]), "list_iterator")])
+def test_schedule_must_be_a_mapping_or_pairs(schedule: object, kind: str) -> None:
+    with pytest.raises(TypeError, match=rf"schedule must be a dict of task -> TaskSchedule, got {kind}"):
+        PipelinePlan(schedule)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("entry", [("A",), ("A", S0, 1), ["A", S0], "A"])
+def test_schedule_entries_must_be_pairs(entry: object) -> None:
+    with pytest.raises(TypeError, match=r"schedule: entries must be \(task, TaskSchedule\) pairs"):
+        PipelinePlan([entry])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("key, kind", [(1, "int"), (None, "NoneType"), (b"A", "bytes"), (fn_a, "function")])
+def test_schedule_keys_must_be_tasks_or_names(key: object, kind: str) -> None:
+    with pytest.raises(TypeError, match=rf"schedule: keys must be PipelineTask objects or names, got {kind}"):
+        PipelinePlan({key: S0})  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize("value, kind", [(0, "int"), ({"stage": 0}, "dict"), (None, "NoneType")])
+def test_schedule_values_must_be_task_schedules(value: object, kind: str) -> None:
+    with pytest.raises(TypeError, match=rf"schedule\['A'\]: expected a TaskSchedule, got {kind}"):
+        PipelinePlan({"A": value})  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize("field", ["intra_iter_deps", "inter_iter_deps"])
+@pytest.mark.parametrize("deps, kind", [("AB", "str"), (None, "NoneType"), ({("A", "B")}, "set"),
+                                        ({"A": "B"}, "dict")])
+def test_deps_must_be_a_list(field: str, deps: object, kind: str) -> None:
+    with pytest.raises(TypeError, match=rf"{field} must be a list of \(task, depends_on\) pairs, got {kind}"):
+        PipelinePlan({"A": S0, "B": S0}, **{field: deps})
+
+
+@pytest.mark.parametrize("field", ["intra_iter_deps", "inter_iter_deps"])
+@pytest.mark.parametrize("entry", [("A",), ("A", "B", "C"), "AB", None])
+def test_deps_entries_must_be_pairs(field: str, entry: object) -> None:
+    with pytest.raises(TypeError, match=rf"{field}: entries must be \(task, depends_on\) pairs"):
+        PipelinePlan({"A": S0, "B": S0}, **{field: [entry]})
+
+
+@pytest.mark.parametrize("field", ["intra_iter_deps", "inter_iter_deps"])
+def test_deps_refer_to_tasks_by_object_or_name_only(field: str) -> None:
+    with pytest.raises(TypeError, match=rf"{field}: tasks are referred to by PipelineTask or name, got int 1"):
+        PipelinePlan({"A": S0, "B": S0}, **{field: [("A", 1)]})
+
+
+# -- cycle detection against a reference ---------------------------------------------------------
+
+
+def _has_cycle(n: int, edges: Set[Tuple[int, int]]) -> bool:
+    indeg = {k: 0 for k in range(n)}
+    for _, d in edges:
+        indeg[d] += 1
+    ready = [k for k in range(n) if indeg[k] == 0]
+    seen = 0
+    while ready:
+        k = ready.pop()
+        seen += 1
+        for s, d in edges:
+            if s == k:
+                indeg[d] -= 1
+                if indeg[d] == 0:
+                    ready.append(d)
+    return seen != n
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 6).flatmap(lambda n: st.tuples(
+    st.just(n), st.sets(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)).filter(lambda e: e[0] != e[1])))))
+def test_cycle_detection_matches_a_reference(case: Tuple[int, Set[Tuple[int, int]]]) -> None:
+    n, edges = case  # (a, b): a depends on b
+    names = [f"T{k}" for k in range(n)]
+    deps = [(names[a], names[b]) for a, b in sorted(edges)]
+    if not _has_cycle(n, edges):
+        plan = PipelinePlan({name: S0 for name in names}, intra_iter_deps=deps)
+        assert sorted((t, d) for t in plan.task_names for d in plan.intra[t]) == sorted(deps)
+        return
+    with pytest.raises(ValueError, match=r"intra_iter_deps: dependency cycle") as info:
+        PipelinePlan({name: S0 for name in names}, intra_iter_deps=deps)
+    listed = re.search(r"dependency cycle (.*?) \(read", str(info.value))
+    assert listed is not None
+    cycle = [s.strip("'") for s in listed.group(1).split(" -> ")]
+    assert cycle[0] == cycle[-1] and len(cycle) >= 3
+    assert len(set(cycle[:-1])) == len(cycle) - 1  # a simple cycle
+    for a, b in zip(cycle, cycle[1:]):
+        assert (a, b) in deps  # each step is a declared "a depends on b"
+
+
+# -- SWPipeline: the engine's stage rules --------------------------------------------------------
+
+
+def test_corollary_1_intra_dependency_on_a_later_stage_is_rejected() -> None:
+    plan = PipelinePlan({"H2D": S0, "Forward": S0, "Optim": S2},
+                        intra_iter_deps=[("Forward", "H2D"), ("Forward", "Optim")])
+    msg = ("intra_iter_deps: 'Forward' (stage 0) depends on 'Optim' (stage 2); a dependency's stage must be "
+           "<= the task's stage (Corollary 1")
+    with pytest.raises(ValueError, match=re.escape(msg)) as info:
+        SWPipeline(plan, device="cpu")
+    assert "use inter_iter_deps if 'Forward' needs iteration i-1" in str(info.value)
+
+
+def test_corollary_3_scenario_3_fwd_waiting_for_opt_two_stages_later_is_rejected() -> None:
+    # Seed 000, deadlock scenario 3: fwd(s=0), bwd(s=1), opt(s=2), fwd.inter_iter_deps=[opt] -> k=2.
+    plan = PipelinePlan({"fwd": S0, "bwd": S1, "opt": S2}, intra_iter_deps=[("bwd", "fwd"), ("opt", "bwd")],
+                        inter_iter_deps=[("fwd", "opt")])
+    msg = ("inter_iter_deps: 'fwd' (stage 0) depends on 'opt' (stage 2) of the previous iteration; "
+           "the stage gap is 2 > 1, so 'opt' would run in a future period (Corollary 3). Reduce the gap to <= 1")
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        SWPipeline(plan, device="cpu")
+
+
+@pytest.mark.parametrize("fwd, bwd, opt, depth", [
+    (0, 0, 0, 1),  # mode A: k = 0
+    (0, 0, 1, 2),  # mode B: k = 1
+    (0, 1, 1, 2),  # mode C: k = 1
+])
+def test_seed_fwd_bwd_opt_arrangements_with_inter_deps_are_accepted(fwd: int, bwd: int, opt: int,
+                                                                     depth: int) -> None:
+    plan = PipelinePlan({"fwd": TaskSchedule(stage=fwd), "bwd": TaskSchedule(stage=bwd),
+                         "opt": TaskSchedule(stage=opt)},
+                        intra_iter_deps=[("bwd", "fwd"), ("opt", "bwd")], inter_iter_deps=[("fwd", "opt")])
+    assert SWPipeline(plan, device="cpu").depth == depth
+
+
+@pytest.mark.parametrize("fwd, bwd, opt, depth", [(0, 0, 0, 1), (0, 0, 1, 2), (0, 1, 1, 2), (0, 1, 2, 3)])
+def test_seed_fwd_bwd_opt_arrangements_without_inter_deps_are_accepted(fwd: int, bwd: int, opt: int,
+                                                                        depth: int) -> None:
+    plan = PipelinePlan({"fwd": TaskSchedule(stage=fwd), "bwd": TaskSchedule(stage=bwd),
+                         "opt": TaskSchedule(stage=opt)}, intra_iter_deps=[("bwd", "fwd"), ("opt", "bwd")])
+    assert SWPipeline(plan, device="cpu").depth == depth
+
+
+@pytest.mark.parametrize("task_stage, dep_stage", [(0, 1), (2, 3), (1, 1), (3, 0), (2, 1)])
+def test_inter_deps_with_k_at_most_1_are_accepted(task_stage: int, dep_stage: int) -> None:
+    plan = PipelinePlan({"T": TaskSchedule(stage=task_stage), "D": TaskSchedule(stage=dep_stage)},
+                        inter_iter_deps=[("T", "D")])
+    SWPipeline(plan, device="cpu")
+
+
+def test_corollary_3_gap_larger_than_two_is_rejected_too() -> None:
+    plan = PipelinePlan({"T": S0, "D": TaskSchedule(stage=3)}, inter_iter_deps=[("T", "D")])
+    with pytest.raises(ValueError, match=r"'T' \(stage 0\) depends on 'D' \(stage 3\).*gap is 3 > 1"):
+        SWPipeline(plan, device="cpu")
+
+
+def test_every_seed_plan_passes_the_stage_rules() -> None:
+    for name, builder in seed_plans.ALL_BUILDERS.items():
+        pipe = SWPipeline(builder(), device="cpu")
+        assert pipe.depth == builder().depth, name
+
+
+def test_swpipeline_rejects_a_non_plan() -> None:
+    with pytest.raises(TypeError, match=r"plan must be a PipelinePlan, got dict"):
+        SWPipeline({"A": S0}, device="cpu")  # type: ignore[arg-type]
