@@ -33,10 +33,9 @@ import time
 from functools import partial
 from typing import Any, Dict, Iterable, Iterator, List, NoReturn, Optional, Tuple
 
-import torch
 
 from . import ordering
-from .annotations import profiler_active, resolve_emit_nvtx, run_annotated
+from .annotations import emit_nvtx_context, profiler_active, resolve_emit_nvtx, run_annotated
 from .device import DeviceSpec, resolve_device
 from .errors import PipelineAborted, annotate
 from .plan import IterContext, PipelinePlan, PipelineTask
@@ -246,7 +245,7 @@ class _PipelineBase:
         """
         self._nvtx = resolve_emit_nvtx(emit_nvtx)
         bar = _ProgressLine(type(self).__name__, _len_or_none(data_iter)) if verbose else None
-        nvtx_ctx = torch.autograd.profiler.emit_nvtx() if self._nvtx else contextlib.nullcontext()
+        nvtx_ctx = emit_nvtx_context() if self._nvtx else contextlib.nullcontext()
         start = time.perf_counter()
         try:
             with nvtx_ctx:

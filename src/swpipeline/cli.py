@@ -18,7 +18,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.command == "demo":
         return demo.run(args)
     parser.error(f"unknown command {args.command!r}")
-    return 2
 
 
 if __name__ == "__main__":

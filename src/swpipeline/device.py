@@ -129,10 +129,12 @@ class TorchDevice(Device):
 
     def __init__(self, device: torch.device) -> None:
         super().__init__()
-        if device.index is None:
+        index: Optional[int] = device.index  # None for a bare "cuda"
+        if index is None:
             device = torch.device(device.type, torch.accelerator.current_device_index())
         self.torch_device = device
         self.kind = str(device)
+        self._default: Any
         if device.type == "cuda":
             self._default = torch.cuda.default_stream(device)
         else:
@@ -256,7 +258,7 @@ class SimulatedDevice(Device):
 DeviceSpec = Union[None, int, str, torch.device, Device]
 
 
-def resolve_device(spec: DeviceSpec) -> Device:
+def resolve_device(spec: object) -> Device:
     """The Device for a ``device=`` argument.
 
     ``None``: the current accelerator if there is one, else the CPU. An int: that

@@ -21,7 +21,7 @@ order inside a period; every other dependency was produced in an earlier period.
 from __future__ import annotations
 
 import bisect
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .plan import PipelinePlan
 
@@ -68,7 +68,7 @@ def period_local_edges(plan: PipelinePlan) -> List[Tuple[str, str]]:
     return edges
 
 
-def stall_costs(plan: PipelinePlan, stream_of: Dict[str, object]) -> Dict[str, int]:
+def stall_costs(plan: PipelinePlan, stream_of: Mapping[str, object]) -> Dict[str, int]:
     """Number of period-local in-edges coming from another stream, per task."""
     cost = {name: 0 for name in plan.task_names}
     for dep, task in period_local_edges(plan):
@@ -88,7 +88,7 @@ def _levels(names: Sequence[str], edges: Sequence[Tuple[str, str]]) -> Dict[str,
 
 
 def _priority_topo_sort(
-    names: Sequence[str], edges: Sequence[Tuple[str, str]], key: Dict[str, Tuple[int, ...]]
+    names: Sequence[str], edges: Sequence[Tuple[str, str]], key: Mapping[str, Tuple[int, ...]]
 ) -> List[str]:
     """Kahn's algorithm, always taking the ready task with the smallest ``(key, name)``."""
     successors: Dict[str, List[str]] = {n: [] for n in names}
@@ -124,7 +124,7 @@ def _generational_order(
     return _priority_topo_sort(names, edges, key)
 
 
-def enqueue_order(plan: PipelinePlan, stream_of: Dict[str, object]) -> List[str]:
+def enqueue_order(plan: PipelinePlan, stream_of: Mapping[str, object]) -> List[str]:
     """The ready-first submission order of one period.
 
     A topological order of the period-local graph that, among ready tasks, takes the

@@ -205,6 +205,7 @@ class PipelinePlan:
             if not (isinstance(item, tuple) and len(item) == 2):
                 raise TypeError(f"schedule: entries must be (task, TaskSchedule) pairs, got {item!r}")
             key, sched = item
+            task: PipelineTask
             if isinstance(key, str):
                 task = NamedOnlyTask(key)
             elif isinstance(key, PipelineTask):
@@ -251,7 +252,7 @@ class PipelinePlan:
             )
         return name
 
-    def _resolve_deps(self, where: str, deps: Sequence[Dependency]) -> Dict[str, List[str]]:
+    def _resolve_deps(self, where: str, deps: object) -> Dict[str, List[str]]:
         if isinstance(deps, (str, bytes)) or not isinstance(deps, (list, tuple)):
             raise TypeError(f"{where} must be a list of (task, depends_on) pairs, got {type(deps).__name__}")
         resolved: Dict[str, List[str]] = {t.name: [] for t in self.tasks}
