@@ -309,3 +309,26 @@ def test_seed_api_example_runs_unchanged() -> None:
     compute = [t for t in trace if not t.startswith("H2D")]
     assert compute == ["F0", "B0", "O0", "F1", "B1", "O1", "F2", "B2", "O2"]
     assert [t for t in trace if t.startswith("H2D")] == ["H2D0", "H2D1", "H2D2"]
+
+
+def test_stream_objects_get_their_own_lanes_whatever_their_label() -> None:
+    class Handle:
+        swp_name = "shared"
+
+    first, second = Handle(), Handle()
+    plan = PipelinePlan({"A": TaskSchedule(stream=first), "B": TaskSchedule(stream=second),
+                         "C": TaskSchedule(stream="shared"), "D": TaskSchedule(stream=object()),
+                         "E": TaskSchedule(stream="stream0")})
+    pipe = SWPipeline(plan, device="cpu")
+    lanes = {t.name: t.stream for t in pipe._tasks}
+    assert len({id(lane) for lane in lanes.values()}) == 5
+    assert [t.stream_label for t in pipe._tasks] == ["shared", "shared", "shared", "stream0", "stream0"]
+
+
+def test_missing_context_attribute_says_which_dependency_is_missing() -> None:
+    def forward(ctx: IterContext) -> None:
+        ctx.out = ctx.x_gpu * 2
+
+    plan = PipelinePlan({PipelineTask("Forward", forward): TaskSchedule()})
+    with pytest.raises(AttributeError, match=r"iteration 0 has no attribute 'x_gpu' \(it has \[\]\).*intra_iter_deps"):
+        SWPipeline(plan, device="cpu").run_one_serial_iter(None)

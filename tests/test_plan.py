@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Dict, List, Set, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
 import pytest
 from hypothesis import given, settings
@@ -16,11 +16,11 @@ from swpipeline.plan import NamedOnlyTask
 import seed_plans
 
 
-def fn_a(ctx: IterContext) -> None:
+def fn_a(ctx: Any) -> None:
     ctx.a = 1
 
 
-def fn_b(ctx: IterContext) -> None:
+def fn_b(ctx: Any) -> None:
     ctx.b = 2
 
 
@@ -29,12 +29,18 @@ S1 = TaskSchedule(stage=1)
 S2 = TaskSchedule(stage=2)
 
 
+def plan_with(field: str, deps: Any, schedule: Any = None) -> PipelinePlan:
+    """A plan (default: A and B at stage 0) with ``field`` (intra_iter_deps or inter_iter_deps) set to ``deps``."""
+    kwargs: Dict[str, Any] = {field: deps}
+    return PipelinePlan(schedule if schedule is not None else {"A": S0, "B": S0}, **kwargs)
+
+
 # -- IterContext -------------------------------------------------------------------------------
 
 
 def test_iter_context_holds_batch_index_and_arbitrary_attributes() -> None:
     batch = {"x": [1, 2]}
-    ctx = IterContext(batch, 7)
+    ctx: Any = IterContext(batch, 7)  # tasks attach arbitrary attributes
     assert ctx.batch is batch
     assert ctx.iter_idx == 7
     ctx.x_gpu = "tensor"
@@ -47,7 +53,8 @@ def test_iter_context_holds_batch_index_and_arbitrary_attributes() -> None:
 
 
 def test_iter_contexts_are_independent() -> None:
-    a, b = IterContext(None, 0), IterContext(None, 1)
+    a: Any = IterContext(None, 0)
+    b = IterContext(None, 1)
     a.x = 1
     assert not hasattr(b, "x")
 
@@ -265,7 +272,7 @@ def test_empty_schedule_is_rejected(schedule: object) -> None:
 
 
 def test_duplicate_name_from_a_string_key_and_a_task_key() -> None:
-    schedule = {"A": S0, PipelineTask("A", fn_a): S1}
+    schedule: Dict[Any, TaskSchedule] = {"A": S0, PipelineTask("A", fn_a): S1}
     assert len(schedule) == 2  # the dict keeps both keys: a str never equals a task
     with pytest.raises(ValueError, match=r"schedule: duplicate task name 'A'; every task needs a unique name"):
         PipelinePlan(schedule)
@@ -287,9 +294,9 @@ def test_dependency_on_a_different_task_object_with_a_scheduled_name(field: str)
     impostor = PipelineTask("A", fn_b)
     with pytest.raises(ValueError, match=rf"{field}: duplicate task name 'A': it refers to a different "
                                          rf"PipelineTask than the schedule's"):
-        PipelinePlan({a: S0, b: S0}, **{field: [(b, impostor)]})
+        plan_with(field, [(b, impostor)], {a: S0, b: S0})
     with pytest.raises(ValueError, match=rf"{field}: duplicate task name 'A'"):
-        PipelinePlan({a: S0, b: S0}, **{field: [(impostor, b)]})
+        plan_with(field, [(impostor, b)], {a: S0, b: S0})
 
 
 @pytest.mark.parametrize("field", ["intra_iter_deps", "inter_iter_deps"])
@@ -299,7 +306,7 @@ def test_unknown_task_references_are_rejected(field: str, pair: Tuple[object, ob
     name = bad if isinstance(bad, str) else bad.name  # type: ignore[attr-defined]
     msg = f"{field}: unknown task {name!r}; add it to the schedule or fix the name (known: ['A', 'B'])"
     with pytest.raises(ValueError, match=re.escape(msg)):
-        PipelinePlan({"A": S0, "B": S0}, **{field: [pair]})
+        plan_with(field, [pair])
 
 
 def test_intra_iteration_self_dependency_is_rejected() -> None:
@@ -366,20 +373,20 @@ def test_schedule_values_must_be_task_schedules(value: object, kind: str) -> Non
                                         ({"A": "B"}, "dict")])
 def test_deps_must_be_a_list(field: str, deps: object, kind: str) -> None:
     with pytest.raises(TypeError, match=rf"{field} must be a list of \(task, depends_on\) pairs, got {kind}"):
-        PipelinePlan({"A": S0, "B": S0}, **{field: deps})
+        plan_with(field, deps)
 
 
 @pytest.mark.parametrize("field", ["intra_iter_deps", "inter_iter_deps"])
 @pytest.mark.parametrize("entry", [("A",), ("A", "B", "C"), "AB", None])
 def test_deps_entries_must_be_pairs(field: str, entry: object) -> None:
     with pytest.raises(TypeError, match=rf"{field}: entries must be \(task, depends_on\) pairs"):
-        PipelinePlan({"A": S0, "B": S0}, **{field: [entry]})
+        plan_with(field, [entry])
 
 
 @pytest.mark.parametrize("field", ["intra_iter_deps", "inter_iter_deps"])
 def test_deps_refer_to_tasks_by_object_or_name_only(field: str) -> None:
     with pytest.raises(TypeError, match=rf"{field}: tasks are referred to by PipelineTask or name, got int 1"):
-        PipelinePlan({"A": S0, "B": S0}, **{field: [("A", 1)]})
+        plan_with(field, [("A", 1)])
 
 
 # -- cycle detection against a reference ---------------------------------------------------------

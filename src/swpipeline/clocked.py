@@ -55,8 +55,8 @@ class SWPipeline(_PipelineBase):
         self.depth: int = plan.depth
         super().__init__(plan, self.depth, device, signal_timeout=signal_timeout,
                          progress_timeout=progress_timeout)
-        labels = {t.name: t.stream_label for t in self._tasks}
-        self._enqueue_order = [self._by_name[n] for n in ordering.enqueue_order(plan, labels)]
+        streams = {t.name: t.stream for t in self._tasks}
+        self._enqueue_order = [self._by_name[n] for n in ordering.enqueue_order(plan, streams)]
 
     def _reset_state(self) -> None:
         super()._reset_state()

@@ -81,7 +81,7 @@ class RawBatch(NamedTuple):
     """
 
     dense: torch.Tensor  # float32 [B, num_dense], non-negative heavy-tailed counts
-    ids: torch.Tensor  # int64 [sum(lengths)], raw 31-bit ids
+    ids: torch.Tensor  # int32 [sum(lengths)], raw 31-bit ids
     lengths: torch.Tensor  # int64 [num_sparse, B], 1..max_events
     labels: torch.Tensor  # float32 [B], 0 or 1
 
@@ -96,7 +96,7 @@ def make_raw_batch(cfg: DemoConfig, index: int) -> RawBatch:
     rare = torch.randint(0, _MASK31, (num_bags, cfg.distinct_ids), generator=gen)
     candidates = torch.where(torch.rand(num_bags, cfg.distinct_ids, generator=gen) < 0.5, popular, rare)
     bag = torch.repeat_interleave(torch.arange(num_bags), lengths.flatten())
-    ids = candidates[bag, torch.randint(0, cfg.distinct_ids, (bag.numel(),), generator=gen)]
+    ids = candidates[bag, torch.randint(0, cfg.distinct_ids, (bag.numel(),), generator=gen)].int()
     truth = torch.Generator().manual_seed(cfg.seed)  # the same "true" click model for every batch
     weights = torch.randn(cfg.num_dense, generator=truth)
     dense_score = torch.log1p(dense) @ weights / cfg.num_dense**0.5
@@ -131,7 +131,7 @@ class ModelBatch(NamedTuple):
 def hash_ids(ids: torch.Tensor, feature: torch.Tensor, table_sizes: Sequence[int]) -> torch.Tensor:
     """Row of each raw id in its feature's table: a feature-salted 31-bit integer hash, mod the table size."""
     salts = torch.tensor([(0x9E3779B1 * (f + 1)) & _MASK31 for f in range(len(table_sizes))])
-    state = (ids ^ salts[feature]) & _MASK31
+    state = (ids.long() ^ salts[feature]) & _MASK31
     for _ in range(2):
         state = ((state >> 16) ^ state) * _HASH_MULTIPLIER & _MASK31
     state = (state >> 16) ^ state

@@ -77,10 +77,12 @@ class Device:
         return _Lane(name)
 
     def _adopt_stream(self, obj: Any) -> Any:
+        """A lane per stream object (by identity: its label is only for display)."""
         label = self.stream_label(obj)
-        if label not in self._named:
-            self._named[label] = _Lane(label)
-        return self._named[label]
+        key = f"<object {id(obj)}>"
+        if key not in self._named:
+            self._named[key] = _Lane(label)
+        return self._named[key]
 
     # -- execution and events -----------------------------------------------------------------
 

@@ -183,13 +183,18 @@ def longest_stage_chain(plan: PipelinePlan, order: Optional[List[str]] = None) -
     order = order if order is not None else serial_order(plan)
     best: Dict[str, List[str]] = {}
     reach = _transitive_deps(plan)
+
     for name in order:  # producers come first in a topological order
-        chain = [name]
-        for dep in reach[name]:
-            if plan.stage(dep) < plan.stage(name) and len(best[dep]) + 1 > len(chain):
-                chain = [name] + best[dep]
-        best[name] = chain
-    return max(best.values(), key=lambda c: (len(c), [-plan.stage(n) for n in c]))
+        direct = set(plan.intra[name])
+
+        def rank(chain: List[str]) -> Tuple[int, bool, List[List[int]]]:
+            # longer first, then through a direct dependency, then smaller names
+            return len(chain), chain[0] in direct, [[-ord(ch) for ch in n] for n in chain]
+
+        below = [best[d] for d in reach[name] if plan.stage(d) < plan.stage(name)]
+        best[name] = [name] + (max(below, key=rank) if below else [])
+    longest = max(len(c) for c in best.values())
+    return next(best[n] for n in order if len(best[n]) == longest)  # the consumer earliest in serial order
 
 
 def _transitive_deps(plan: PipelinePlan) -> Dict[str, List[str]]:

@@ -10,13 +10,13 @@ Guarantees this module gives to the rest of the package:
 * ``PipelinePlan.tasks`` lists every task once, in declaration order, and every
   dependency in ``intra``/``inter`` names one of them;
 * the intra-iteration dependency graph is acyclic;
-* ``TaskSchedule`` fields have the right types (stage is a non-negative int).
+* ``TaskSchedule`` fields have the right types, and every scheduled stage is >= 0.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 __all__: List[str] = []
 
@@ -34,6 +34,18 @@ class IterContext:
     def __init__(self, batch: Any, iter_idx: int) -> None:
         self.batch = batch
         self.iter_idx = iter_idx
+
+    def __getattr__(self, name: str) -> Any:  # only reached for attributes that were never set
+        if name.startswith("__"):
+            raise AttributeError(name)
+        have = sorted(k for k in vars(self) if k not in ("batch", "iter_idx"))
+        raise AttributeError(
+            f"IterContext of iteration {self.iter_idx} has no attribute {name!r} (it has {have}); "
+            f"the task that sets it must run first: declare it in intra_iter_deps"
+        )
+
+    if TYPE_CHECKING:  # tasks set arbitrary attributes; tell the type checker so
+        def __setattr__(self, name: str, value: Any) -> None: ...
 
     def __repr__(self) -> str:
         extra = sorted(k for k in vars(self) if k not in ("batch", "iter_idx"))
