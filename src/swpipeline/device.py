@@ -39,6 +39,7 @@ class Device:
     def __init__(self) -> None:
         self._named: Dict[str, Any] = {}
         self._labels: Dict[int, str] = {}
+        self._unnamed = 0
         self._keepalive: List[Any] = []
 
     # -- streams ---------------------------------------------------------------------------
@@ -65,7 +66,10 @@ class Device:
         key = id(spec)
         if key not in self._labels:
             self._keepalive.append(spec)
-            self._labels[key] = getattr(spec, "swp_name", None) or f"stream{len(self._labels)}"
+            name = getattr(spec, "swp_name", None)
+            if name is None:
+                name, self._unnamed = f"stream{self._unnamed}", self._unnamed + 1
+            self._labels[key] = name
         return self._labels[key]
 
     def default_stream(self) -> Any:
