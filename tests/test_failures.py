@@ -9,17 +9,28 @@ as the task's own exception.
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterator, List
+from typing import Any, Callable, Iterator, List
 
 import pytest
 
 from engine_helpers import ExecLog, drive, make_plan, sparse_dist_plan, swp_threads, wait_until
-from swpipeline import (DependencyTimeoutError, IterContext, PipelinePlan, PipelineTask, ProgressTimeoutError,
+from swpipeline import (DataFlowPipeline, DependencyTimeoutError, IterContext, PipelinePlan, PipelineTask, ProgressTimeoutError,
                         SWPipeline, TaskSchedule)
 
 
 class Boom(Exception):
     pass
+
+
+MakePipe = Callable[..., Any]
+
+
+@pytest.fixture(params=["SWPipeline", "DataFlowPipeline"])
+def make_pipe(request: pytest.FixtureRequest) -> MakePipe:
+    """Both engines, with the same depth (3) for the SparseDist-like plans used here."""
+    if request.param == "SWPipeline":
+        return SWPipeline
+    return lambda plan, **kw: DataFlowPipeline(plan, max_depth=3, **kw)
 
 
 def fail_at(iteration: int) -> Any:
@@ -30,9 +41,9 @@ def fail_at(iteration: int) -> Any:
 
 
 @pytest.mark.parametrize("task", ["H2D", "InputDistWait", "Forward", "OptimizerStep"])
-def test_task_exception_surfaces_as_itself_with_task_and_iteration(task: str) -> None:
+def test_task_exception_surfaces_as_itself_with_task_and_iteration(task: str, make_pipe: MakePipe) -> None:
     log = ExecLog()
-    pipe = SWPipeline(sparse_dist_plan(log, work={task: fail_at(4)}), device="cpu")
+    pipe = make_pipe(sparse_dist_plan(log, work={task: fail_at(4)}), device="cpu")
     with pytest.raises(Boom, match="boom at 4") as info:
         drive(pipe, range(50))
     exc = info.value
@@ -47,7 +58,7 @@ def test_task_exception_surfaces_as_itself_with_task_and_iteration(task: str) ->
     assert swp_threads() == []
 
 
-def test_pipeline_is_reusable_after_a_failure_and_drain() -> None:
+def test_pipeline_is_reusable_after_a_failure_and_drain(make_pipe: MakePipe) -> None:
     flaky = {"fail": True}
 
     def work(ctx: IterContext) -> None:
@@ -55,7 +66,7 @@ def test_pipeline_is_reusable_after_a_failure_and_drain() -> None:
             raise Boom("once")
 
     log = ExecLog()
-    pipe = SWPipeline(sparse_dist_plan(log, work={"Backward": work}), device="cpu")
+    pipe = make_pipe(sparse_dist_plan(log, work={"Backward": work}), device="cpu")
     with pytest.raises(Boom):
         pipe.run(range(10))
     assert swp_threads() == []
@@ -65,11 +76,11 @@ def test_pipeline_is_reusable_after_a_failure_and_drain() -> None:
     assert sorted(i for t, i in log.starts() if t == "OptimizerStep") == list(range(10))
 
 
-def test_an_error_wakes_workers_blocked_on_dependencies() -> None:
+def test_an_error_wakes_workers_blocked_on_dependencies(make_pipe: MakePipe) -> None:
     # WaitBatch (group "default") waits on InputDistWait (group "dist"), which fails: the waiting
     # worker must be woken by the abort, not by its 30 s signal timeout.
     log = ExecLog()
-    pipe = SWPipeline(sparse_dist_plan(log, work={"InputDistWait": fail_at(0)}), device="cpu")
+    pipe = make_pipe(sparse_dist_plan(log, work={"InputDistWait": fail_at(0)}), device="cpu")
     with pytest.raises(Boom) as info:
         drive(pipe, range(5))
     assert getattr(info.value, "swp_task") == "InputDistWait"
@@ -120,12 +131,12 @@ def test_inter_iteration_timeout_names_the_previous_iteration() -> None:
     assert swp_threads() == []
 
 
-def test_progress_timeout_names_the_unfinished_tasks() -> None:
+def test_progress_timeout_names_the_unfinished_tasks(make_pipe: MakePipe) -> None:
     release = released_later()
     log = ExecLog()
     plan = make_plan(log, {"Load": (0, None, "default"), "Train": (1, None, "default")},
                      intra=[("Train", "Load")], work={"Train": lambda ctx: release.wait(10)})
-    pipe = SWPipeline(plan, device="cpu", progress_timeout=0.2)
+    pipe = make_pipe(plan, device="cpu", progress_timeout=0.2)
     try:
         with pytest.raises(ProgressTimeoutError, match=r"iteration 0 to complete; tasks not yet done: \['Train'\]"):
             drive(pipe, range(3))
@@ -134,7 +145,7 @@ def test_progress_timeout_names_the_unfinished_tasks() -> None:
     assert swp_threads() == []
 
 
-def test_data_iterator_that_raises_midway() -> None:
+def test_data_iterator_that_raises_midway(make_pipe: MakePipe) -> None:
     def batches() -> Iterator[int]:
         yield 0
         yield 1
@@ -143,7 +154,7 @@ def test_data_iterator_that_raises_midway() -> None:
         raise OSError("disk gone")
 
     log = ExecLog()
-    pipe = SWPipeline(sparse_dist_plan(log), device="cpu")
+    pipe = make_pipe(sparse_dist_plan(log), device="cpu")
     it = pipe.fill_pipeline(batches())
     assert pipe.progress(it) == 0  # fetches batch 3
     with pytest.raises(OSError, match="disk gone") as info:
@@ -156,12 +167,12 @@ def test_data_iterator_that_raises_midway() -> None:
     assert drive(pipe, range(2)) == [0, 1]
 
 
-def test_data_iterator_that_raises_during_fill() -> None:
+def test_data_iterator_that_raises_during_fill(make_pipe: MakePipe) -> None:
     def batches() -> Iterator[int]:
         yield 0
         raise ValueError("bad record")
 
-    pipe = SWPipeline(sparse_dist_plan(ExecLog()), device="cpu")
+    pipe = make_pipe(sparse_dist_plan(ExecLog()), device="cpu")
     with pytest.raises(ValueError, match="bad record"):
         pipe.fill_pipeline(batches())
     assert swp_threads() == []
@@ -171,24 +182,24 @@ def test_data_iterator_that_raises_during_fill() -> None:
     assert pipe.run(range(3)) > 0
 
 
-def test_serial_run_annotates_task_errors() -> None:
-    pipe = SWPipeline(sparse_dist_plan(ExecLog(), work={"Forward": fail_at(1)}), device="cpu")
+def test_serial_run_annotates_task_errors(make_pipe: MakePipe) -> None:
+    pipe = make_pipe(sparse_dist_plan(ExecLog(), work={"Forward": fail_at(1)}), device="cpu")
     with pytest.raises(Boom) as info:
         pipe.run_serial(range(3))
     assert (getattr(info.value, "swp_task"), getattr(info.value, "swp_iter")) == ("Forward", 1)
 
 
-def test_task_of_a_string_keyed_plan_cannot_run() -> None:
+def test_task_of_a_string_keyed_plan_cannot_run(make_pipe: MakePipe) -> None:
     plan = PipelinePlan({"H2D": TaskSchedule(stage=0), "Forward": TaskSchedule(stage=1)},
                         intra_iter_deps=[("Forward", "H2D")])
-    pipe = SWPipeline(plan, device="cpu")
+    pipe = make_pipe(plan, device="cpu")
     with pytest.raises(RuntimeError, match="task 'H2D' has no function"):
         pipe.run(range(2))
     assert swp_threads() == []
 
 
-def test_failures_in_two_groups_report_the_first_and_join_all() -> None:
-    box: List[SWPipeline] = []
+def test_failures_in_two_groups_report_the_first_and_join_all(make_pipe: MakePipe) -> None:
+    box: List[Any] = []
 
     def first(ctx: IterContext) -> None:
         raise Boom("first")
@@ -200,8 +211,27 @@ def test_failures_in_two_groups_report_the_first_and_join_all() -> None:
     a, b = PipelineTask("A", first), PipelineTask("B", second)
     plan = PipelinePlan({a: TaskSchedule(thread_group="g1", stream="s1"),
                          b: TaskSchedule(thread_group="g2", stream="s2")})
-    pipe = SWPipeline(plan, device="cpu")
+    pipe = make_pipe(plan, device="cpu")
     box.append(pipe)
     with pytest.raises(Boom, match="first"):
         pipe.run(range(3))
+    assert swp_threads() == []
+
+
+def test_dataflow_dependency_that_never_arrives_is_named_by_the_progress_timeout() -> None:
+    # The data-flow engine never hands a unit to a worker before its dependencies are done,
+    # so a missing dependency shows up as an iteration that does not complete.
+    release = released_later()
+    log = ExecLog()
+    plan = make_plan(log, {"Producer": (0, None, "slow"), "Consumer": (0, None, "fast")},
+                     intra=[("Consumer", "Producer")], work={"Producer": lambda ctx: release.wait(10)})
+    pipe = DataFlowPipeline(plan, max_depth=2, device="cpu", progress_timeout=0.2)
+    try:
+        with pytest.raises(ProgressTimeoutError) as info:
+            drive(pipe, range(3))
+    finally:
+        release.set()
+    assert str(info.value).startswith(
+        "progress() waited 0.2 s for iteration 0 to complete; tasks not yet done: ['Producer', 'Consumer']; "
+        "'Consumer' waits for 'Producer' (iteration 0)")
     assert swp_threads() == []

@@ -13,7 +13,7 @@ import pytest
 import swpipeline
 
 EXPORTED = {
-    "CPUDevice", "DeclaredIO", "DependencyTimeoutError", "Device", "IterContext", "PipelinePlan", "PipelineTask",
+    "CPUDevice", "DataFlowPipeline", "DeclaredIO", "DependencyTimeoutError", "Device", "IterContext", "PipelinePlan", "PipelineTask",
     "PipelineTimeoutError", "ProgressTimeoutError", "SWPipeline", "SequencerTimeoutError", "SimulatedDevice",
     "TaskSchedule", "TorchDevice",
 }
@@ -26,7 +26,7 @@ def test_exported_names() -> None:
 
 
 def test_internal_modules_export_nothing() -> None:
-    for mod in ("plan", "ordering", "device", "signals", "worker", "base", "clocked", "tables", "errors",
+    for mod in ("plan", "ordering", "device", "signals", "worker", "base", "clocked", "dataflow", "tables", "errors",
                 "annotations"):
         assert importlib.import_module(f"swpipeline.{mod}").__all__ == []
 
@@ -37,6 +37,9 @@ def test_seed_import_paths_are_aliases() -> None:
     assert sw_pipeline.SWPipeline is swpipeline.SWPipeline
     assert sw_pipeline.PipelinePlan is swpipeline.PipelinePlan
     assert set(sw_pipeline.__all__) == EXPORTED
+    from dataflow_pipeline import DataFlowPipeline
+
+    assert DataFlowPipeline is swpipeline.DataFlowPipeline
 
 
 def test_mypy_strict_is_clean() -> None:

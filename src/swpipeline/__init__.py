@@ -4,6 +4,7 @@ The whole public API is imported here; everything else is internal.
 """
 
 from .clocked import SWPipeline as SWPipeline
+from .dataflow import DataFlowPipeline as DataFlowPipeline
 from .device import CPUDevice as CPUDevice
 from .device import Device as Device
 from .device import SimulatedDevice as SimulatedDevice
@@ -22,6 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CPUDevice",
+    "DataFlowPipeline",
     "DeclaredIO",
     "DependencyTimeoutError",
     "Device",

@@ -37,7 +37,7 @@ from typing import Any, Dict, Iterable, Iterator, List, NoReturn, Optional, Tupl
 from . import ordering
 from .annotations import emit_nvtx_context, profiler_active, resolve_emit_nvtx, run_annotated
 from .device import DeviceSpec, resolve_device
-from .errors import PipelineAborted, annotate
+from .errors import PipelineAborted, ProgressTimeoutError, annotate
 from .plan import IterContext, PipelinePlan, PipelineTask
 from .signals import CompletionBoard, SubmissionSequencer
 from .worker import Worker
@@ -351,10 +351,9 @@ class _PipelineBase:
     def _wait_retire(self, oldest: int) -> None:
         board = self._board
         if self._error is not None or not board.is_iteration_done(oldest):
-            try:
-                board.wait_iteration(oldest, self.progress_timeout, self._has_failed)
-            except BaseException as exc:
-                self._fail(exc)
+            if not board.wait_iteration(oldest, self.progress_timeout, self._has_failed):
+                self._fail(ProgressTimeoutError(oldest, board.unfinished(oldest), self.progress_timeout,
+                                                self._blocked_waits(oldest)))
             if self._error is not None:
                 self._fail(self._error)
         if self.device.uses_events:
@@ -366,6 +365,20 @@ class _PipelineBase:
         board.retire(oldest)
         self._last_ctx = self._contexts.pop(oldest)
         self._next_retire = oldest + 1
+
+    def _blocked_waits(self, iter_idx: int) -> List[str]:
+        """For each unfinished task of ``iter_idx``, the dependencies it is still missing."""
+        done, names = self._board.done, self._board.names
+        waits = []
+        for task in self._tasks:
+            if done[task.index] > iter_idx:
+                continue
+            missing = [f"{names[d]!r} (iteration {iter_idx})" for d, _ in task.intra if done[d] <= iter_idx]
+            if iter_idx > 0:
+                missing += [f"{names[d]!r} (iteration {iter_idx - 1})" for d, _ in task.inter if done[d] < iter_idx]
+            if missing:
+                waits.append(f"{task.name!r} waits for {', '.join(missing)}")
+        return waits
 
     def _has_failed(self) -> bool:
         return self._error is not None

@@ -31,8 +31,8 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, cast
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, List, NamedTuple, Protocol, Sequence, Tuple, cast
 
 import torch
 from torch import nn
@@ -49,7 +49,11 @@ _HASH_MULTIPLIER = 0x45D9F3B  # a well-mixing odd constant for 32-bit integer ha
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Sizes of the demo job; the defaults give ~2x overlap on two cores in well under 30 s."""
+    """Sizes of the demo job.
+
+    The defaults make PrepareBatch cost about as much as Forward + Backward + OptimizerStep
+    on one core, so two cores can overlap them for close to a 2x speedup.
+    """
 
     iters: int = 200
     batch_size: int = 2048
@@ -106,6 +110,11 @@ def make_raw_batch(cfg: DemoConfig, index: int) -> RawBatch:
     return RawBatch(dense, ids, lengths, labels)
 
 
+def raw_batch_bytes(batch: RawBatch) -> int:
+    """Memory held by one raw batch's tensors."""
+    return sum(t.numel() * t.element_size() for t in batch)
+
+
 # -- batch preparation (stage 0) and the copy (stage 1) -------------------------------------
 
 
@@ -125,6 +134,7 @@ class ModelBatch(NamedTuple):
                           self.labels.to(device, non_blocking=True))
 
     def tensors(self) -> List[torch.Tensor]:
+        """Every tensor of the batch, as a flat list."""
         return [self.dense, *self.ids, *self.offsets, self.labels]
 
 
@@ -303,7 +313,7 @@ class RunResult:
     mode: str
     seconds: float
     losses: torch.Tensor  # [iters], on the CPU
-    task_seconds: Dict[str, float] = field(default_factory=dict)
+    task_seconds: Dict[str, float]  # host time per task, summed over the timed iterations
 
 
 def timed_run(cfg: DemoConfig, device: Device, batches: Sequence[RawBatch], pipelined: bool) -> RunResult:
@@ -316,7 +326,7 @@ def timed_run(cfg: DemoConfig, device: Device, batches: Sequence[RawBatch], pipe
     _train(warmup_job, batches[: cfg.warmup_iters], pipelined)
     job = TrainingJob(cfg, device)
     seconds = _train(job, batches, pipelined)
-    losses = torch.stack(job.losses).cpu() if job.losses else torch.empty(0)
+    losses = torch.stack(job.losses).cpu()
     return RunResult(mode, seconds, losses, dict(job.task_seconds))
 
 
@@ -336,40 +346,49 @@ def format_results(serial: RunResult, pipelined: RunResult, iters: int) -> str:
     return "\n".join(lines)
 
 
-def format_thread_split(job: TrainingJob, serial: RunResult) -> str:
-    """Where the serial run spent its time, per thread group, and the speedup that bounds."""
+def format_thread_split(plan: PipelinePlan, serial: RunResult) -> str:
+    """Where the serial run spent its time, per thread group, and the speedup overlapping them allows."""
     per_group: Dict[str, float] = {}
     for name, seconds in serial.task_seconds.items():
-        group = job.plan.schedules[name].thread_group
+        group = plan.schedules[name].thread_group
         per_group[group] = per_group.get(group, 0.0) + seconds
     parts = ", ".join(f"{group} {seconds:.2f} s" for group, seconds in per_group.items())
     bound = sum(per_group.values()) / max(max(per_group.values()), 1e-9)
-    return (f"serial run, host time in each thread group's tasks: {parts}\n"
-            f"(the pipelined run overlaps the groups, so the ideal speedup is total / largest = {bound:.2f}x)")
+    return (f"serial run, host time in each thread's tasks: {parts}\n"
+            f"pipelined, the threads overlap: ideal speedup = total / largest = {bound:.2f}x")
 
 
 def format_loss_check(serial: RunResult, pipelined: RunResult) -> Tuple[bool, str]:
-    """Whether the per-iteration losses are bitwise equal, and a line saying so."""
-    count = serial.losses.numel()
-    if pipelined.losses.shape == serial.losses.shape and torch.equal(serial.losses, pipelined.losses):
-        first, last = (float(serial.losses[0]), float(serial.losses[-1])) if count else (0.0, 0.0)
-        return True, (f"losses equal: yes (all {count} iterations bitwise equal; "
-                      f"loss {first:.4f} at iteration 0 -> {last:.4f} at iteration {count - 1})")
-    if pipelined.losses.shape != serial.losses.shape:
-        return False, (f"losses equal: NO: the serial run recorded {count} losses, the pipelined run "
-                       f"{pipelined.losses.numel()}")
-    k = int((serial.losses != pipelined.losses).nonzero()[0])
-    return False, (f"losses equal: NO: first difference at iteration {k}: serial {float(serial.losses[k])!r}, "
-                   f"pipelined {float(pipelined.losses[k])!r}; the pipelined run did not train the same model")
+    """Whether the per-iteration losses of both runs are bitwise equal, and a line saying so."""
+    expected, got = serial.losses, pipelined.losses
+    if expected.shape != got.shape:
+        return False, (f"losses equal: NO: the serial run recorded {expected.numel()} losses, "
+                       f"the pipelined run {got.numel()}")
+    if torch.equal(expected, got):
+        return True, (f"losses equal: yes (all {expected.numel()} iterations bitwise equal; "
+                      f"loss {float(expected[0]):.4f} at iteration 0 -> {float(expected[-1]):.4f} "
+                      f"at iteration {expected.numel() - 1})")
+    k = int((expected != got).nonzero()[0])
+    return False, (f"losses equal: NO: first difference at iteration {k}: serial {float(expected[k])!r}, "
+                   f"pipelined {float(got[k])!r}; the pipelined run did not train the same model")
 
 
 # -- command line ----------------------------------------------------------------------------
 
 
 def _positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    """argparse type: an int >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or a positive integer, got {value}")
     return value
 
 
@@ -380,7 +399,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"timed training iterations per mode (default {defaults.iters})")
     parser.add_argument("--batch-size", type=_positive_int, default=defaults.batch_size,
                         help=f"samples per batch (default {defaults.batch_size})")
-    parser.add_argument("--warmup-iters", type=int, default=defaults.warmup_iters,
+    parser.add_argument("--warmup-iters", type=_non_negative_int, default=defaults.warmup_iters,
                         help=f"untimed iterations before each timed run (default {defaults.warmup_iters})")
     parser.add_argument("--device", default=None,
                         help="'cpu', 'cuda', 'cuda:1', ... (default: the accelerator if there is one, else the CPU)")
@@ -391,7 +410,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
     """The DemoConfig for parsed ``swpipeline demo`` arguments."""
     return replace(DemoConfig(), iters=args.iters, batch_size=args.batch_size,
-                   warmup_iters=max(0, args.warmup_iters), seed=args.seed)
+                   warmup_iters=args.warmup_iters, seed=args.seed)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -413,21 +432,21 @@ def run(args: argparse.Namespace) -> int:
 def run_demo(cfg: DemoConfig, device: Device) -> int:
     """Print the plan, train serially and pipelined, print the comparison; returns the exit code."""
     print(f"swpipeline demo: DLRM-style click model ({cfg.num_sparse} embedding bags, {cfg.num_dense} dense "
-          f"features), {cfg.iters} iterations x {cfg.batch_size} samples on {device}")
-    print(f"torch.set_num_threads(1): each pipeline thread computes on one core "
-          f"({os.cpu_count()} CPU cores here)\n")
-    job = TrainingJob(cfg, device)
-    job.pipe.print_schedule(5)
-    print()
+          f"features), {cfg.iters} iterations x {cfg.batch_size} samples, on {device}")
+    print(f"torch.set_num_threads(1): every torch op runs on one core, so the prep thread and the "
+          f"training thread can run side by side ({os.cpu_count()} CPU cores here)\n")
+    shown = TrainingJob(cfg, device)
+    shown.pipe.print_schedule(5)
     batches = [make_raw_batch(cfg, index) for index in range(cfg.iters)]
+    megabytes = sum(raw_batch_bytes(batch) for batch in batches) / 2**20
+    print(f"\nclick log generated up front ({cfg.iters} batches, {megabytes:.0f} MiB), so no timing includes it")
     print(f"training {cfg.warmup_iters} warm-up + {cfg.iters} timed iterations per mode, "
-          f"each mode from the same initial weights ...", flush=True)
+          f"each mode from the same initial weights ...\n", flush=True)
     serial = timed_run(cfg, device, batches, pipelined=False)
     pipelined = timed_run(cfg, device, batches, pipelined=True)
-    print()
     print(format_results(serial, pipelined, cfg.iters))
     print()
-    print(format_thread_split(job, serial))
+    print(format_thread_split(shown.plan, serial))
     equal, message = format_loss_check(serial, pipelined)
     print(message)
     return 0 if equal else 1

@@ -35,10 +35,11 @@ class DependencyTimeoutError(PipelineTimeoutError):
 class ProgressTimeoutError(PipelineTimeoutError):
     """``progress()`` waited longer than ``progress_timeout`` for the oldest iteration."""
 
-    def __init__(self, iter_idx: int, unfinished: List[str], timeout: float) -> None:
+    def __init__(self, iter_idx: int, unfinished: List[str], timeout: float, waits: List[str]) -> None:
+        blocked = "".join(f"; {w}" for w in waits)
         super().__init__(
             f"progress() waited {timeout:g} s for iteration {iter_idx} to complete; tasks not yet done: "
-            f"{unfinished}; a task is slow or blocked (raise progress_timeout if it is just slow)"
+            f"{unfinished}{blocked}; a task is slow or blocked (raise progress_timeout if it is just slow)"
         )
         self.iter_idx = iter_idx
         self.unfinished = unfinished

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional
 
-from .errors import DependencyTimeoutError, PipelineAborted, ProgressTimeoutError, SequencerTimeoutError
+from .errors import DependencyTimeoutError, PipelineAborted, SequencerTimeoutError
 
 __all__: List[str] = []
 
@@ -77,15 +77,16 @@ class CompletionBoard:
     def is_iteration_done(self, iter_idx: int) -> bool:
         return self._remaining.get(iter_idx, 0) == 0
 
-    def wait_iteration(self, iter_idx: int, timeout: float, failed: Callable[[], bool]) -> None:
-        """Block until every task of ``iter_idx`` is done, or ``failed()`` turns true."""
+    def wait_iteration(self, iter_idx: int, timeout: float, failed: Callable[[], bool]) -> bool:
+        """Block until every task of ``iter_idx`` is done (True), ``failed()`` turns true, or time runs out."""
         deadline = time.monotonic() + timeout
         with self.lock:
             while self._remaining[iter_idx] > 0 and not failed():
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise ProgressTimeoutError(iter_idx, self.unfinished(iter_idx), timeout)
+                    return False
                 self._iter_cond.wait(left)
+        return True
 
     def retire(self, iter_idx: int) -> None:
         with self.lock:

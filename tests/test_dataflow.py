@@ -1,0 +1,211 @@
+"""DataFlowPipeline: API parity, bounded buffers, bursts, and random plans on both engines."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, List, Tuple
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine_helpers import ExecLog, check_dependencies, drive, make_plan, sparse_dist_plan, swp_threads, wait_until
+from swpipeline import (DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, SimulatedDevice, SWPipeline,
+                        TaskSchedule)
+
+
+def test_public_api_matches_the_clock_driven_engine() -> None:
+    common = {"fill_pipeline", "progress", "drain", "run", "run_serial", "run_one_serial_iter", "last_context"}
+    for engine in (SWPipeline, DataFlowPipeline):
+        assert common <= {n for n in dir(engine) if not n.startswith("_")}
+
+
+@pytest.mark.parametrize("max_depth", [1, 2, 3, 5])
+@pytest.mark.parametrize("num_batches", [0, 1, 2, 7])
+def test_every_batch_is_processed(max_depth: int, num_batches: int) -> None:
+    log = ExecLog()
+    plan = sparse_dist_plan(log)
+    pipe = DataFlowPipeline(plan, max_depth=max_depth, device="cpu")
+    assert drive(pipe, range(num_batches)) == list(range(num_batches))
+    assert check_dependencies(log, plan, num_batches) == 8 * num_batches + max(0, num_batches - 1)
+    assert len(log.starts()) == 8 * num_batches
+    assert swp_threads() == []
+
+
+def test_live_contexts_never_exceed_max_depth() -> None:
+    sizes: List[int] = []
+    box: List[DataFlowPipeline] = []
+
+    def observe(ctx: IterContext) -> None:
+        sizes.append(len(box[0]._contexts))
+
+    log = ExecLog()
+    pipe = DataFlowPipeline(sparse_dist_plan(log, work={"H2D": observe, "OptimizerStep": observe}), max_depth=4,
+                            device="cpu")
+    box.append(pipe)
+    pipe.run(range(40))
+    assert max(sizes) <= 4 and len(sizes) == 80
+
+
+def test_max_depth_one_runs_iterations_one_after_another() -> None:
+    log = ExecLog()
+    plan = sparse_dist_plan(log)
+    DataFlowPipeline(plan, max_depth=1, device="cpu").run(range(6))
+    last_end = -1
+    for it in range(6):
+        starts = [s for s, k, _, i, _ in log.events if k == "start" and i == it]
+        ends = [s for s, k, _, i, _ in log.events if k == "end" and i == it]
+        assert min(starts) > last_end  # iteration it starts after iteration it-1 ended entirely
+        last_end = max(ends)
+
+
+def test_dependency_free_tasks_burst_during_fill() -> None:
+    # The clock-driven engine runs the copy of 2 batches before the first progress() (depth 2);
+    # the data-flow engine copies max_depth batches at once.
+    gate = threading.Event()
+    log = ExecLog()
+    spec = {"Copy": (0, "copy", "io"), "Train": (1, None, "compute")}
+    plan = make_plan(log, spec, intra=[("Train", "Copy")], work={"Train": lambda ctx: gate.wait(5)})
+    copies = lambda: [i for t, i in log.starts() if t == "Copy"]  # noqa: E731
+    pipe = DataFlowPipeline(plan, max_depth=5, device="cpu")
+    it = pipe.fill_pipeline(range(10))
+    assert wait_until(lambda: len(copies()) == 5)
+    assert copies() == [0, 1, 2, 3, 4]
+    gate.set()
+    while True:
+        try:
+            pipe.progress(it)
+        except StopIteration:
+            break
+    assert copies() == list(range(10))
+
+
+def test_invalid_max_depth() -> None:
+    plan = sparse_dist_plan(ExecLog())
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="max_depth must be an int >= 1"):
+            DataFlowPipeline(plan, max_depth=bad, device="cpu")  # type: ignore[arg-type]
+
+
+def test_stages_are_ignored() -> None:
+    # An intra dependency on a later stage breaks Corollary 1 for the clock, not for data flow.
+    log = ExecLog()
+    plan = make_plan(log, {"A": (2, None, "g"), "B": (0, None, "g")}, intra=[("B", "A")])
+    with pytest.raises(ValueError, match="Corollary 1"):
+        SWPipeline(plan, device="cpu")
+    DataFlowPipeline(plan, max_depth=2, device="cpu").run(range(5))
+    assert check_dependencies(log, plan, 5) == 5
+
+
+def test_globally_ordered_units_fire_in_iteration_major_order() -> None:
+    issued: List[Tuple[str, int]] = []
+    lock = threading.Lock()
+
+    def collective(name: str) -> Any:
+        def fn(ctx: IterContext) -> None:
+            with lock:
+                issued.append((name, ctx.iter_idx))
+        return fn
+
+    tasks = {n: PipelineTask(n, collective(n)) for n in ("Load", "AllToAll", "AllReduce")}
+    plan = PipelinePlan({tasks["Load"]: TaskSchedule(thread_group="io"),
+                         tasks["AllToAll"]: TaskSchedule(thread_group="comm", stream="a", globally_ordered=True),
+                         tasks["AllReduce"]: TaskSchedule(thread_group="compute", stream="b",
+                                                          globally_ordered=True)},
+                        intra_iter_deps=[("AllToAll", "Load"), ("AllReduce", "Load")])
+    DataFlowPipeline(plan, max_depth=4, device="cpu").run(range(30))
+    ordered = [x for x in issued if x[0] != "Load"]
+    assert ordered == [(n, i) for i in range(30) for n in ("AllReduce", "AllToAll")]
+
+
+# -- random plans on both engines ------------------------------------------------------------------
+
+STREAMS = [None, "s1", "s2"]
+GROUPS = ["default", "g1", "g2"]
+
+
+@st.composite
+def valid_plans(draw: st.DrawFn) -> Dict[str, Any]:
+    n = draw(st.integers(2, 12))
+    names = [f"T{k}" for k in range(n)]
+    stages = sorted(draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)))
+    spec = {name: (stages[k], draw(st.sampled_from(STREAMS)), draw(st.sampled_from(GROUPS)))
+            for k, name in enumerate(names)}
+    # intra deps only from earlier-declared tasks: a DAG with stage(dep) <= stage(task) (Corollary 1)
+    intra = [(names[b], names[a]) for b in range(n) for a in range(b) if draw(st.booleans()) and draw(st.booleans())]
+    inter = [(names[a], names[b]) for a in range(n) for b in range(n)
+             if stages[b] - stages[a] <= 1 and draw(st.integers(0, 5)) == 0]
+    return {"spec": spec, "intra": intra, "inter": inter}
+
+
+def output_plan(shape: Dict[str, Any]) -> Tuple[PipelinePlan, ExecLog, Dict[Tuple[str, int], int]]:
+    """A plan whose tasks compute values from their dependencies' values (intra: this iteration, inter: the last)."""
+    log = ExecLog()
+    values: Dict[Tuple[str, int], int] = {}
+    intra: Dict[str, List[str]] = {n: [] for n in shape["spec"]}
+    inter: Dict[str, List[str]] = {n: [] for n in shape["spec"]}
+    for task, dep in shape["intra"]:
+        intra[task].append(dep)
+    for task, dep in shape["inter"]:
+        inter[task].append(dep)
+
+    def compute(name: str) -> Any:
+        def fn(ctx: IterContext) -> None:
+            i = ctx.iter_idx
+            total = hash((name, ctx.batch)) % 1000
+            total += sum(values[(d, i)] for d in intra[name])
+            total += sum(values[(d, i - 1)] for d in inter[name] if i > 0)
+            values[(name, i)] = total % 1_000_003
+        return fn
+
+    work = {name: compute(name) for name in shape["spec"]}
+    return make_plan(log, shape["spec"], shape["intra"], shape["inter"], work), log, values
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=valid_plans(), iters=st.integers(1, 24), max_depth=st.integers(1, 4))
+def test_random_valid_plans_run_correctly_on_both_engines(shape: Dict[str, Any], iters: int, max_depth: int) -> None:
+    plan, _, serial_values = output_plan(shape)
+    SWPipeline(plan, device="cpu").run_serial(range(iters))
+    for make in (lambda p: SWPipeline(p, device=SimulatedDevice(), signal_timeout=5),
+                 lambda p: DataFlowPipeline(p, max_depth=max_depth, device="cpu", signal_timeout=5)):
+        plan, log, values = output_plan(shape)
+        pipe = make(plan)
+        pipe.run(range(iters))
+        check_dependencies(log, plan, iters)
+        assert values == serial_values
+    assert swp_threads() == []
+
+
+@st.composite
+def invalid_plans(draw: st.DrawFn) -> Dict[str, Any]:
+    shape = draw(valid_plans())
+    names = list(shape["spec"])
+    kind = draw(st.sampled_from(["cycle", "corollary1", "corollary3", "self"]))
+    if kind == "cycle":
+        a, b = names[0], names[1]
+        shape["intra"] = [p for p in shape["intra"] if p != (b, a)] + [(a, b), (b, a)]
+    elif kind == "self":
+        shape["intra"].append((names[0], names[0]))
+    else:
+        low, high = names[0], names[-1]
+        spec = dict(shape["spec"])
+        spec[low] = (0,) + tuple(spec[low][1:])
+        spec[high] = (2 if kind == "corollary3" else 1,) + tuple(spec[high][1:])
+        shape["spec"] = spec
+        shape["intra" if kind == "corollary1" else "inter"].append((low, high))
+    shape["kind"] = kind
+    return shape
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=invalid_plans())
+def test_random_invalid_plans_are_rejected_at_construction(shape: Dict[str, Any]) -> None:
+    log = ExecLog()
+    with pytest.raises(ValueError):
+        plan = make_plan(log, shape["spec"], shape["intra"], shape["inter"])
+        SWPipeline(plan, device="cpu")
+    if shape["kind"] in ("cycle", "self"):
+        with pytest.raises(ValueError):
+            DataFlowPipeline(make_plan(log, shape["spec"], shape["intra"], shape["inter"]), max_depth=2)
+    assert swp_threads() == []
