@@ -41,7 +41,7 @@ import pstats
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import swpipeline as swp
 from _common import format_table, machine_line, median_and_min, yes_no
@@ -79,7 +79,7 @@ def noop(ctx: swp.IterContext) -> None:
 
 def build_plan(spread_groups: bool) -> swp.PipelinePlan:
     """The SparseDist-shaped no-op plan, in one thread group or in three."""
-    schedule = {
+    schedule: Dict[Union[swp.PipelineTask, str], swp.TaskSchedule] = {
         swp.PipelineTask(name, noop): swp.TaskSchedule(stage=stage, stream=stream,
                                                        thread_group=group if spread_groups else "default")
         for name, stage, group, stream in TASK_LAYOUT

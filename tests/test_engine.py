@@ -332,3 +332,29 @@ def test_missing_context_attribute_says_which_dependency_is_missing() -> None:
     plan = PipelinePlan({PipelineTask("Forward", forward): TaskSchedule()})
     with pytest.raises(AttributeError, match=r"iteration 0 has no attribute 'x_gpu' \(it has \[\]\).*intra_iter_deps"):
         SWPipeline(plan, device="cpu").run_one_serial_iter(None)
+
+
+def test_worker_init_runs_once_per_thread_group_on_its_thread() -> None:
+    calls: List[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def init(group: str) -> None:
+        with lock:
+            calls.append((group, threading.current_thread().name))
+
+    pipe = SWPipeline(sparse_dist_plan(ExecLog()), device="cpu", worker_init=init)
+    pipe.run(range(4))
+    assert sorted(calls) == [("default", "swp-default"), ("dist", "swp-dist"), ("io", "swp-io")]
+    with pytest.raises(TypeError, match="worker_init must be a callable"):
+        SWPipeline(sparse_dist_plan(ExecLog()), device="cpu", worker_init="pin")  # type: ignore[arg-type]
+
+
+def test_worker_init_failure_fails_the_pipeline() -> None:
+    def init(group: str) -> None:
+        if group == "dist":
+            raise OSError("cannot pin")
+
+    pipe = SWPipeline(sparse_dist_plan(ExecLog()), device="cpu", worker_init=init)
+    with pytest.raises(OSError, match="cannot pin"):
+        pipe.run(range(4))
+    assert swp_threads() == []

@@ -31,10 +31,12 @@ import sys
 import threading
 import time
 from functools import partial
-from typing import Any, Dict, Iterable, Iterator, List, NoReturn, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, NoReturn, Optional, Tuple
 
 
 from . import ordering
+import torch
+
 from .annotations import emit_nvtx_context, profiler_active, resolve_emit_nvtx, run_annotated
 from .device import DeviceSpec, resolve_device
 from .errors import PipelineAborted, ProgressTimeoutError, annotate
@@ -103,13 +105,17 @@ class _PipelineBase:
     """Shared infrastructure of the pipeline engines (see the module docstring)."""
 
     def __init__(self, plan: PipelinePlan, num_slots: int, device: DeviceSpec = None, *,
-                 signal_timeout: float = 30.0, progress_timeout: float = 60.0) -> None:
+                 signal_timeout: float = 30.0, progress_timeout: float = 60.0,
+                 worker_init: Optional[Callable[[str], None]] = None) -> None:
         if not isinstance(plan, PipelinePlan):
             raise TypeError(f"plan must be a PipelinePlan, got {type(plan).__name__}")
         for arg, value in (("signal_timeout", signal_timeout), ("progress_timeout", progress_timeout)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"{arg} must be a positive number of seconds, got {value!r}")
+        if worker_init is not None and not callable(worker_init):
+            raise TypeError(f"worker_init must be a callable taking the thread group name, got {worker_init!r}")
         self.plan = plan
+        self.worker_init = worker_init
         self.device = resolve_device(device)
         self.signal_timeout = float(signal_timeout)
         self.progress_timeout = float(progress_timeout)
@@ -386,8 +392,17 @@ class _PipelineBase:
     # -- workers -----------------------------------------------------------------------------------
 
     def _start_workers(self) -> None:
+        torch_threads = torch.get_num_threads()
+
+        def enter_thread(group: str) -> None:
+            # Torch's intra-op thread count is per OS thread: give workers the caller's setting.
+            torch.set_num_threads(torch_threads)
+            self.device.enter_thread()
+            if self.worker_init is not None:
+                self.worker_init(group)
+
         self._workers = {
-            g: Worker(g, self._run_unit, self._on_worker_error, self._is_aborted, self.device.enter_thread)
+            g: Worker(g, self._run_unit, self._on_worker_error, self._is_aborted, partial(enter_thread, g))
             for g in self._groups
         }
 

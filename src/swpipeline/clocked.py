@@ -22,7 +22,7 @@ sequencer's turns follow it too; so the earliest unfinished unit never waits.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from . import ordering
 from .base import TaskRuntime, _PipelineBase
@@ -42,19 +42,21 @@ class SWPipeline(_PipelineBase):
             a torch.device, or a Device instance (e.g. ``SimulatedDevice()`` in tests).
         signal_timeout: seconds a task may wait for one dependency (default 30).
         progress_timeout: seconds progress() may wait for the oldest iteration (default 60).
+        worker_init: called as ``worker_init(thread_group)`` at the start of each worker thread
+            (e.g. to pin a compute thread to a core); an exception fails the pipeline.
 
     Raises:
         TypeError, ValueError: the plan breaks a stage rule or an argument is invalid.
     """
 
     def __init__(self, plan: PipelinePlan, device: DeviceSpec = None, *, signal_timeout: float = 30.0,
-                 progress_timeout: float = 60.0) -> None:
+                 progress_timeout: float = 60.0, worker_init: Optional[Callable[[str], None]] = None) -> None:
         if not isinstance(plan, PipelinePlan):
             raise TypeError(f"plan must be a PipelinePlan, got {type(plan).__name__}")
         ordering.validate_stages(plan)
         self.depth: int = plan.depth
         super().__init__(plan, self.depth, device, signal_timeout=signal_timeout,
-                         progress_timeout=progress_timeout)
+                         progress_timeout=progress_timeout, worker_init=worker_init)
         streams = {t.name: t.stream for t in self._tasks}
         self._enqueue_order = [self._by_name[n] for n in ordering.enqueue_order(plan, streams)]
 

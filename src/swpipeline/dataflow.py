@@ -29,7 +29,7 @@ order, so retirement, and with it a free slot, always comes.
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 from .base import TaskRuntime, _PipelineBase
 from .device import DeviceSpec
@@ -44,15 +44,17 @@ class DataFlowPipeline(_PipelineBase):
     Args:
         plan: the PipelinePlan (``TaskSchedule.stage`` is ignored).
         max_depth: the most iterations alive at once (>= 1); 1 behaves like a serial run.
-        device, signal_timeout, progress_timeout: as for ``SWPipeline``.
+        device, signal_timeout, progress_timeout, worker_init: as for ``SWPipeline``.
     """
 
     def __init__(self, plan: PipelinePlan, max_depth: int = 2, device: DeviceSpec = None, *,
-                 signal_timeout: float = 30.0, progress_timeout: float = 60.0) -> None:
+                 signal_timeout: float = 30.0, progress_timeout: float = 60.0,
+                 worker_init: Optional[Callable[[str], None]] = None) -> None:
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
             raise ValueError(f"max_depth must be an int >= 1 (the most iterations in flight), got {max_depth!r}")
         self.max_depth = max_depth
-        super().__init__(plan, max_depth, device, signal_timeout=signal_timeout, progress_timeout=progress_timeout)
+        super().__init__(plan, max_depth, device, signal_timeout=signal_timeout, progress_timeout=progress_timeout,
+                         worker_init=worker_init)
         self._fire_lock = threading.Lock()
         self._downstream: Dict[int, List[TaskRuntime]] = {t.index: [] for t in self._tasks}
         for task in self._tasks:

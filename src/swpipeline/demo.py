@@ -32,7 +32,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Dict, List, NamedTuple, Protocol, Sequence, Tuple, cast
+from typing import Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, cast
 
 import torch
 from torch import nn
@@ -204,7 +204,11 @@ class ClickModel(nn.Module):
 
 
 class TrainingContext(Protocol):
-    """What the tasks read from and attach to the engine's IterContext (a view for the type checker)."""
+    """What the tasks read from and attach to the engine's IterContext.
+
+    A view for the type checker only: IterContext types attached attributes as ``Any``,
+    this names each one and its type.
+    """
 
     batch: RawBatch
     iter_idx: int
@@ -314,6 +318,22 @@ class RunResult:
     seconds: float
     losses: torch.Tensor  # [iters], on the CPU
     task_seconds: Dict[str, float]  # host time per task, summed over the timed iterations
+    others_cpu_seconds: Optional[float] = None  # CPU time other processes took meanwhile (Linux only)
+
+
+def busy_cpu_seconds() -> Optional[float]:
+    """CPU seconds the machine has spent busy since boot (Linux ``/proc/stat``), or None where unknown.
+
+    Steal time counts as busy: it is time the hypervisor gave to someone else.
+    """
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(value) for value in stat.readline().split()[1:9]]
+        per_second = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
+    idle, iowait = ticks[3], ticks[4]
+    return (sum(ticks) - idle - iowait) / per_second
 
 
 def timed_run(cfg: DemoConfig, device: Device, batches: Sequence[RawBatch], pipelined: bool) -> RunResult:
@@ -325,9 +345,13 @@ def timed_run(cfg: DemoConfig, device: Device, batches: Sequence[RawBatch], pipe
     warmup_job = TrainingJob(cfg, device)
     _train(warmup_job, batches[: cfg.warmup_iters], pipelined)
     job = TrainingJob(cfg, device)
+    busy_before, own_before = busy_cpu_seconds(), time.process_time()
     seconds = _train(job, batches, pipelined)
-    losses = torch.stack(job.losses).cpu()
-    return RunResult(mode, seconds, losses, dict(job.task_seconds))
+    busy_after, own_after = busy_cpu_seconds(), time.process_time()
+    others = None
+    if busy_before is not None and busy_after is not None:
+        others = max(0.0, (busy_after - busy_before) - (own_after - own_before))
+    return RunResult(mode, seconds, torch.stack(job.losses).cpu(), dict(job.task_seconds), others)
 
 
 def _train(job: TrainingJob, batches: Sequence[RawBatch], pipelined: bool) -> float:
@@ -355,7 +379,17 @@ def format_thread_split(plan: PipelinePlan, serial: RunResult) -> str:
     parts = ", ".join(f"{group} {seconds:.2f} s" for group, seconds in per_group.items())
     bound = sum(per_group.values()) / max(max(per_group.values()), 1e-9)
     return (f"serial run, host time in each thread's tasks: {parts}\n"
-            f"pipelined, the threads overlap: ideal speedup = total / largest = {bound:.2f}x")
+            f"ideal pipelined speedup (threads fully overlapped) = total / largest = {bound:.2f}x")
+
+
+def format_interference(results: Sequence[RunResult]) -> Optional[str]:
+    """A warning when other processes took more than 10% of a core during a timed run, else None."""
+    busy = [r for r in results if r.others_cpu_seconds is not None and r.others_cpu_seconds > 0.1 * r.seconds]
+    if not busy:
+        return None
+    parts = " and ".join(f"{r.others_cpu_seconds:.1f} CPU-s during the {r.mode} run" for r in busy)
+    return (f"note: other processes used {parts}:\n"
+            f"      the machine was busy, so these timings are not representative; run again when it is idle")
 
 
 def format_loss_check(serial: RunResult, pipelined: RunResult) -> Tuple[bool, str]:
@@ -376,35 +410,31 @@ def format_loss_check(serial: RunResult, pipelined: RunResult) -> Tuple[bool, st
 # -- command line ----------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an int >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an int >= ``minimum``."""
 
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+        return value
 
-def _non_negative_int(text: str) -> int:
-    """argparse type: an int >= 0."""
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or a positive integer, got {value}")
-    return value
+    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``swpipeline demo`` options to ``parser``."""
     defaults = DemoConfig()
-    parser.add_argument("--iters", type=_positive_int, default=defaults.iters,
+    parser.add_argument("--iters", type=_int_at_least(1), default=defaults.iters,
                         help=f"timed training iterations per mode (default {defaults.iters})")
-    parser.add_argument("--batch-size", type=_positive_int, default=defaults.batch_size,
+    parser.add_argument("--batch-size", type=_int_at_least(1), default=defaults.batch_size,
                         help=f"samples per batch (default {defaults.batch_size})")
-    parser.add_argument("--warmup-iters", type=_non_negative_int, default=defaults.warmup_iters,
+    parser.add_argument("--warmup-iters", type=_int_at_least(0), default=defaults.warmup_iters,
                         help=f"untimed iterations before each timed run (default {defaults.warmup_iters})")
     parser.add_argument("--device", default=None,
                         help="'cpu', 'cuda', 'cuda:1', ... (default: the accelerator if there is one, else the CPU)")
     parser.add_argument("--seed", type=int, default=defaults.seed,
-                        help=f"seed of the initial weights; batch k is generated from seed + k (default {defaults.seed})")
+                        help=f"seed of the initial weights; batch k comes from seed + k (default {defaults.seed})")
 
 
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
@@ -445,6 +475,9 @@ def run_demo(cfg: DemoConfig, device: Device) -> int:
     serial = timed_run(cfg, device, batches, pipelined=False)
     pipelined = timed_run(cfg, device, batches, pipelined=True)
     print(format_results(serial, pipelined, cfg.iters))
+    warning = format_interference([serial, pipelined])
+    if warning is not None:
+        print(warning)
     print()
     print(format_thread_split(shown.plan, serial))
     equal, message = format_loss_check(serial, pipelined)

@@ -170,7 +170,7 @@ class PipelinePlan:
             among intra-iteration dependencies, or a contradicting pipeline_depth.
     """
 
-    schedule: Union[Mapping[TaskRef, TaskSchedule], Sequence[Tuple[TaskRef, TaskSchedule]]]
+    schedule: Union[Mapping[Any, TaskSchedule], Sequence[Tuple[Any, TaskSchedule]]]  # keys: TaskRef
     intra_iter_deps: Sequence[Dependency] = field(default_factory=list)
     inter_iter_deps: Sequence[Dependency] = field(default_factory=list)
     pipeline_depth: Optional[int] = None

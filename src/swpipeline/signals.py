@@ -38,6 +38,8 @@ class CompletionBoard:
         self._task_cond = [threading.Condition(self.lock) for _ in task_names]
         self._iter_cond = threading.Condition(self.lock)
         self.done: List[int] = [0] * len(task_names)
+        self._waiters = [0] * len(task_names)  # threads in wait_task, per task (notify only if any)
+        self._iter_waiter = False
         self._remaining: Dict[int, int] = {}
         self.aborted = False
 
@@ -55,10 +57,11 @@ class CompletionBoard:
         """Mark ``task`` done for ``iter_idx`` and wake whoever waits on it."""
         with self.lock:
             self.done[task] = iter_idx + 1
-            self._task_cond[task].notify_all()
+            if self._waiters[task]:
+                self._task_cond[task].notify_all()
             left = self._remaining[iter_idx] - 1
             self._remaining[iter_idx] = left
-            if left == 0:
+            if left == 0 and self._iter_waiter:
                 self._iter_cond.notify_all()
 
     def wait_task(self, task: int, iter_idx: int, timeout: float, waiter: str, waiter_iter: int) -> None:
@@ -66,13 +69,17 @@ class CompletionBoard:
         deadline = time.monotonic() + timeout
         cond = self._task_cond[task]
         with self.lock:
-            while self.done[task] <= iter_idx:
-                if self.aborted:
-                    raise PipelineAborted()
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise DependencyTimeoutError(waiter, waiter_iter, self.names[task], iter_idx, timeout)
-                cond.wait(left)
+            self._waiters[task] += 1
+            try:
+                while self.done[task] <= iter_idx:
+                    if self.aborted:
+                        raise PipelineAborted()
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise DependencyTimeoutError(waiter, waiter_iter, self.names[task], iter_idx, timeout)
+                    cond.wait(left)
+            finally:
+                self._waiters[task] -= 1
 
     def is_iteration_done(self, iter_idx: int) -> bool:
         return self._remaining.get(iter_idx, 0) == 0
@@ -81,11 +88,15 @@ class CompletionBoard:
         """Block until every task of ``iter_idx`` is done (True), ``failed()`` turns true, or time runs out."""
         deadline = time.monotonic() + timeout
         with self.lock:
-            while self._remaining[iter_idx] > 0 and not failed():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._iter_cond.wait(left)
+            self._iter_waiter = True  # only the thread calling progress() waits here
+            try:
+                while self._remaining[iter_idx] > 0 and not failed():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._iter_cond.wait(left)
+            finally:
+                self._iter_waiter = False
         return True
 
     def retire(self, iter_idx: int) -> None:

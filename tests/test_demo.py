@@ -1,0 +1,169 @@
+"""Tests of ``swpipeline demo`` (src/swpipeline/demo.py): the command, its plan, its data and its check.
+
+Wall-clock times and speedups are printed by the demo, never asserted here.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import List, Optional
+
+import pytest
+import torch
+
+from swpipeline import CPUDevice, Device, SimulatedDevice, demo
+from swpipeline.cli import main
+
+# Small enough that every test runs in well under a second.
+TINY = replace(demo.DemoConfig(), iters=6, batch_size=32, warmup_iters=2, table_sizes=(50, 30, 20),
+               max_events=6, distinct_ids=3, bottom_mlp=(8, 4), top_mlp=(8,), embedding_dim=4)
+
+TINY_ARGS = ["demo", "--iters", "5", "--batch-size", "32", "--warmup-iters", "1", "--device", "cpu"]
+
+
+def swp_threads() -> List[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("swp-")]
+
+
+def test_demo_command_prints_plan_results_and_equal_losses(capsys: pytest.CaptureFixture[str]) -> None:
+    threads_before = torch.get_num_threads()
+    assert main(TINY_ARGS) == 0
+    out = capsys.readouterr().out
+    assert "torch.set_num_threads(1)" in out
+    assert "#  Task" in out and "| P0    P1    P2    P3    P4" in out  # print_schedule(5)
+    for row in ("PrepareBatch      prep    prep", "CopyToDevice      copy    copy",
+                "Forward           default default"):
+        assert row in out
+    assert "mode        time (s)   ms/iter  speedup" in out
+    assert "\nserial " in out and "\npipelined " in out
+    assert "losses equal: yes (all 5 iterations bitwise equal" in out
+    assert torch.get_num_threads() == threads_before  # the demo restores the global setting
+    assert swp_threads() == []
+
+
+def test_demo_command_rejects_a_device_torch_does_not_know(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--iters", "2", "--device", "no-such-device"]) == 2
+    assert "--device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [["--iters", "0"], ["--batch-size", "-3"], ["--warmup-iters", "-1"]])
+def test_demo_command_rejects_non_positive_sizes(bad: List[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", *bad])
+    assert exc.value.code == 2
+    assert bad[0] in capsys.readouterr().err
+
+
+def test_plan_has_three_stages_on_their_own_threads_and_streams() -> None:
+    job = demo.TrainingJob(TINY, CPUDevice())
+    plan = job.plan
+    layout = {name: (s.stage, s.stream, s.thread_group) for name, s in plan.schedules.items()}
+    assert layout == {
+        "PrepareBatch": (0, "prep", "prep"),
+        "CopyToDevice": (1, "copy", "copy"),
+        "Forward": (2, None, "default"),
+        "Backward": (2, None, "default"),
+        "OptimizerStep": (2, None, "default"),
+    }
+    assert plan.intra == {"PrepareBatch": [], "CopyToDevice": ["PrepareBatch"], "Forward": ["CopyToDevice"],
+                          "Backward": ["Forward"], "OptimizerStep": ["Backward"]}
+    assert all(deps == [] for deps in plan.inter.values())
+    assert job.pipe.depth == 3
+
+
+def test_pipelined_losses_equal_serial_losses_exactly() -> None:
+    batches = [demo.make_raw_batch(TINY, k) for k in range(TINY.iters)]
+    serial = demo.timed_run(TINY, CPUDevice(), batches, pipelined=False)
+    pipelined = demo.timed_run(TINY, CPUDevice(), batches, pipelined=True)
+    assert serial.losses.shape == (TINY.iters,)
+    assert torch.isfinite(serial.losses).all()
+    assert torch.equal(serial.losses, pipelined.losses)
+    assert demo.format_loss_check(serial, pipelined)[0]
+    assert swp_threads() == []
+
+
+def test_losses_of_a_model_that_trains_differently_are_not_equal() -> None:
+    """The check compares real training runs: one extra iteration of weight updates changes the losses."""
+    batches = [demo.make_raw_batch(TINY, k) for k in range(TINY.iters)]
+    reference = demo.timed_run(TINY, CPUDevice(), batches, pipelined=False)
+    shifted = demo.timed_run(TINY, CPUDevice(), batches[:1] + batches[:-1], pipelined=True)
+    assert torch.equal(reference.losses[:1], shifted.losses[:1])
+    assert not torch.equal(reference.losses, shifted.losses)
+
+
+def test_gpu_protocol_orders_every_dependency_on_a_simulated_device() -> None:
+    """CPU twin of the CUDA run: each consumer's stream waits for its producer's launch."""
+    device = SimulatedDevice()
+    job = demo.TrainingJob(TINY, device)
+    job.pipe.run([demo.make_raw_batch(TINY, k) for k in range(4)])
+    launches = device.launches()
+    for i in range(4):
+        for task, deps in job.plan.intra.items():
+            for dep in deps:
+                assert device.happens_before(launches[(dep, i)], launches[(task, i)]), (dep, task, i)
+    assert len(job.losses) == 4
+
+
+def test_run_demo_exits_1_and_says_where_losses_differ(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    real_timed_run = demo.timed_run
+
+    def perturbed(cfg: demo.DemoConfig, device: Device, batches: List[demo.RawBatch],
+                  pipelined: bool) -> demo.RunResult:
+        result = real_timed_run(cfg, device, batches, pipelined)
+        if pipelined:
+            result.losses[3] += 1e-6
+        return result
+
+    monkeypatch.setattr(demo, "timed_run", perturbed)
+    assert demo.run_demo(TINY, CPUDevice()) == 1
+    assert "losses equal: NO: first difference at iteration 3" in capsys.readouterr().out
+
+
+def test_interference_note_only_when_other_processes_took_cpu() -> None:
+    def result(mode: str, others: Optional[float]) -> demo.RunResult:
+        return demo.RunResult(mode, 2.0, torch.zeros(1), {}, others)
+
+    assert demo.format_interference([result("serial", 0.1), result("pipelined", None)]) is None
+    note = demo.format_interference([result("serial", 0.1), result("pipelined", 0.9)])
+    assert note is not None and "0.9 CPU-s during the pipelined run" in note and "serial" not in note
+
+
+def test_batches_are_a_function_of_seed_plus_index() -> None:
+    first, again = demo.make_raw_batch(TINY, 3), demo.make_raw_batch(TINY, 3)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not torch.equal(first.ids, demo.make_raw_batch(TINY, 4).ids)
+    assert torch.equal(demo.make_raw_batch(replace(TINY, seed=1), 3).ids, demo.make_raw_batch(TINY, 4).ids)
+    assert first.ids.numel() == int(first.lengths.sum())
+
+
+def test_prepare_batch_matches_a_per_sample_reference() -> None:
+    raw = demo.make_raw_batch(TINY, 0)
+    batch = demo.prepare_batch(raw, TINY.table_sizes)
+    num_sparse, size = raw.lengths.shape
+    bag = torch.repeat_interleave(torch.arange(num_sparse * size), raw.lengths.flatten())
+    rows = demo.hash_ids(raw.ids, bag // size, TINY.table_sizes).tolist()
+    start = 0
+    for feature in range(num_sparse):
+        ids, offsets = batch.ids[feature].tolist(), batch.offsets[feature].tolist()
+        assert len(offsets) == size and offsets[0] == 0
+        for sample in range(size):
+            length = int(raw.lengths[feature, sample])
+            expected = sorted(set(rows[start:start + length]))
+            end = offsets[sample + 1] if sample + 1 < size else len(ids)
+            assert ids[offsets[sample]:end] == expected, (feature, sample)
+            start += length
+        assert all(0 <= row < TINY.table_sizes[feature] for row in ids)
+    assert batch.dense.shape == (size, TINY.num_dense)
+    assert torch.allclose(batch.dense.mean(0), torch.zeros(TINY.num_dense), atol=1e-4)
+    assert batch.labels.shape == (size, 1)
+
+
+def test_hash_ids_spreads_ids_over_the_table_and_salts_by_feature() -> None:
+    ids = torch.arange(20_000, dtype=torch.int32)
+    rows = demo.hash_ids(ids, torch.zeros_like(ids, dtype=torch.long), (1000,))
+    assert rows.min() >= 0 and rows.max() < 1000
+    assert torch.bincount(rows, minlength=1000).min() > 0  # every row is hit
+    other = demo.hash_ids(ids, torch.ones_like(ids, dtype=torch.long), (1000, 1000))
+    assert (rows != other).float().mean() > 0.9
