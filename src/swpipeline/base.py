@@ -130,6 +130,7 @@ class _PipelineBase:
         self._workers: Dict[str, Worker] = {}
         self._error_lock = threading.Lock()
         self._nvtx = False
+        self.peak_live_contexts = 0
         self._reset_state()
 
     # -- construction ----------------------------------------------------------------------
@@ -195,6 +196,7 @@ class _PipelineBase:
         except TypeError:
             raise TypeError(f"fill_pipeline: data_iter must be iterable, got {type(data_iter).__name__}") from None
         self._reset_state()
+        self.peak_live_contexts = 0  # most IterContexts alive at once during this fill (kept after drain)
         self._start_workers()
         self._state = "running"
         self._do_fill(it)
@@ -350,6 +352,7 @@ class _PipelineBase:
             self._fail(exc)
         ctx = IterContext(batch, idx)
         self._contexts[idx] = ctx
+        self.peak_live_contexts = max(self.peak_live_contexts, len(self._contexts))
         self._board.open_iteration(idx, len(self._tasks))
         self._num_created = idx + 1
         return ctx
