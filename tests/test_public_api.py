@@ -27,6 +27,7 @@ def test_exported_names() -> None:
 
 def test_internal_modules_export_nothing() -> None:
     for mod in ("plan", "ordering", "device", "signals", "worker", "base", "clocked", "dataflow", "tables", "errors",
+                "runtime", "progress_line",
                 "annotations"):
         assert importlib.import_module(f"swpipeline.{mod}").__all__ == []
 

@@ -40,65 +40,15 @@ import torch
 from .annotations import emit_nvtx_context, profiler_active, resolve_emit_nvtx, run_annotated
 from .device import DeviceSpec, resolve_device
 from .errors import PipelineAborted, ProgressTimeoutError, annotate
-from .plan import IterContext, PipelinePlan, PipelineTask
+from .plan import IterContext, PipelinePlan
+from .progress_line import ProgressLine, len_or_none
+from .runtime import TaskRuntime, build_tasks
 from .signals import CompletionBoard, SubmissionSequencer
 from .worker import Worker
 
 __all__: List[str] = []
 
 _JOIN_TIMEOUT_S = 10.0
-
-
-class TaskRuntime:
-    """What the engine knows about one task at run time (resolved once at construction)."""
-
-    __slots__ = ("name", "index", "task", "stage", "group", "stream", "stream_label", "globally_ordered",
-                 "intra", "inter", "events", "waits_at_retire")
-
-    def __init__(self, index: int, task: PipelineTask, stage: int, group: str, stream: Any,
-                 stream_label: str, globally_ordered: bool) -> None:
-        self.name = task.name
-        self.index = index
-        self.task = task
-        self.stage = stage
-        self.group = group
-        self.stream = stream
-        self.stream_label = stream_label
-        self.globally_ordered = globally_ordered
-        # (dependency index, its events if this task's stream must wait on them, else None)
-        self.intra: List[Tuple[int, Optional[List[Any]]]] = []
-        self.inter: List[Tuple[int, Optional[List[Any]]]] = []
-        self.events: Optional[List[Any]] = None  # one device event per slot, if anyone waits on it
-        self.waits_at_retire = False  # a sink on a side stream: the caller's stream waits on it
-
-    def __repr__(self) -> str:
-        return f"<task {self.name} stage={self.stage} group={self.group} stream={self.stream_label}>"
-
-
-class _ProgressLine:
-    """A one-line progress display on stderr for ``verbose=True`` runs."""
-
-    def __init__(self, title: str, total: Optional[int]) -> None:
-        self.title, self.total = title, total
-        self.start = self.last = time.perf_counter()
-        self.count = 0
-
-    def step(self) -> None:
-        self.count += 1
-        now = time.perf_counter()
-        if now - self.last >= 0.2:
-            self.last = now
-            self._draw(now, "\r")
-
-    def close(self) -> None:
-        self._draw(time.perf_counter(), "\r")
-        sys.stderr.write("\n")
-
-    def _draw(self, now: float, prefix: str) -> None:
-        of = f"/{self.total}" if self.total is not None else ""
-        per = (now - self.start) / self.count * 1e3 if self.count else 0.0
-        sys.stderr.write(f"{prefix}{self.title}: {self.count}{of} iterations, {per:.3f} ms/iter")
-        sys.stderr.flush()
 
 
 class _PipelineBase:
@@ -120,8 +70,8 @@ class _PipelineBase:
         self.signal_timeout = float(signal_timeout)
         self.progress_timeout = float(progress_timeout)
         self._num_slots = num_slots
-        self._event_slots = num_slots + 1  # see _build_tasks: inter consumers may lag one iteration
-        self._tasks = self._build_tasks()
+        self._event_slots = num_slots + 1  # see build_tasks: inter consumers may lag one iteration
+        self._tasks = build_tasks(plan, self.device, self._event_slots)
         self._by_name = {t.name: t for t in self._tasks}
         self._serial_order = [self._by_name[n] for n in ordering.serial_order(plan)]
         self._groups = list(dict.fromkeys(t.group for t in self._tasks))
@@ -134,34 +84,6 @@ class _PipelineBase:
         self._reset_state()
 
     # -- construction ----------------------------------------------------------------------
-
-    def _build_tasks(self) -> List[TaskRuntime]:
-        plan, device = self.plan, self.device
-        tasks = []
-        for index, task in enumerate(plan.tasks):
-            sched = plan.schedules[task.name]
-            tasks.append(TaskRuntime(index, task, sched.stage, sched.thread_group, device.stream(sched.stream),
-                                     device.stream_label(sched.stream), sched.globally_ordered))
-        by_name = {t.name: t for t in tasks}
-        consumed = {d for t in tasks for d in plan.intra[t.name]}
-        default = device.default_stream()
-        cross_stream = {d for t in tasks for d in plan.intra[t.name] + plan.inter[t.name]
-                        if by_name[d].stream != t.stream}
-        for t in tasks:
-            t.waits_at_retire = t.name not in consumed and t.stream != default
-            if device.uses_events and (t.name in cross_stream or t.waits_at_retire):
-                # A slot is reused by iteration i + num_slots + 1 at the earliest, which is only
-                # enqueued after iteration i + 1 (the last possible consumer of i) has retired.
-                t.events = [device.new_event() for _ in range(self._event_slots)]
-
-        def resolve(t: TaskRuntime, deps: List[str]) -> List[Tuple[int, Optional[List[Any]]]]:
-            return [(by_name[d].index, by_name[d].events if by_name[d].stream != t.stream else None)
-                    for d in deps]
-
-        for t in tasks:
-            t.intra = resolve(t, plan.intra[t.name])
-            t.inter = resolve(t, plan.inter[t.name])
-        return tasks
 
     def _reset_state(self) -> None:
         self._board.reset()
@@ -252,7 +174,7 @@ class _PipelineBase:
             emit_nvtx: emit NVTX ranges ``SWP/{Task}/iter{N}`` (CUDA only; ignored elsewhere).
         """
         self._nvtx = resolve_emit_nvtx(emit_nvtx)
-        bar = _ProgressLine(type(self).__name__, _len_or_none(data_iter)) if verbose else None
+        bar = ProgressLine(type(self).__name__, len_or_none(data_iter)) if verbose else None
         nvtx_ctx = emit_nvtx_context() if self._nvtx else contextlib.nullcontext()
         start = time.perf_counter()
         try:
@@ -297,7 +219,7 @@ class _PipelineBase:
     def run_serial(self, data_iter: Iterable[Any], verbose: bool = False, emit_nvtx: bool = False) -> float:
         """Run every batch serially (no threads, default stream) as a baseline; returns seconds."""
         self._nvtx = resolve_emit_nvtx(emit_nvtx)
-        bar = _ProgressLine(f"{type(self).__name__} (serial)", _len_or_none(data_iter)) if verbose else None
+        bar = ProgressLine(f"{type(self).__name__} (serial)", len_or_none(data_iter)) if verbose else None
         start = time.perf_counter()
         try:
             for idx, batch in enumerate(data_iter):
@@ -485,10 +407,3 @@ class _PipelineBase:
 
     def _label(self, task: TaskRuntime) -> str:
         return task.name
-
-
-def _len_or_none(data: Any) -> Optional[int]:
-    try:
-        return len(data)
-    except TypeError:
-        return None

@@ -25,9 +25,10 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from . import ordering
-from .base import TaskRuntime, _PipelineBase
+from .base import _PipelineBase
 from .device import DeviceSpec
 from .plan import IterContext, PipelinePlan
+from .runtime import TaskRuntime
 from .tables import format_period_table, format_stage_analysis
 
 __all__: List[str] = []

@@ -31,9 +31,10 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
-from .base import TaskRuntime, _PipelineBase
+from .base import _PipelineBase
 from .device import DeviceSpec
 from .plan import PipelinePlan
+from .runtime import TaskRuntime
 
 __all__: List[str] = []
 
