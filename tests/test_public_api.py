@@ -14,8 +14,8 @@ import swpipeline
 
 EXPORTED = {
     "CPUDevice", "DataFlowPipeline", "DeclaredIO", "DependencyTimeoutError", "Device", "IterContext", "PipelinePlan", "PipelineTask",
-    "PipelineTimeoutError", "ProgressTimeoutError", "SWPipeline", "SequencerTimeoutError", "SimulatedDevice",
-    "TaskSchedule", "TorchDevice",
+    "PipelineTimeoutError", "ProfileResult", "ProgressTimeoutError", "SWPipeline", "SequencerTimeoutError", "SimulatedDevice",
+    "TaskProfiler", "TaskSchedule", "TorchDevice",
 }
 
 
@@ -27,7 +27,7 @@ def test_exported_names() -> None:
 
 def test_internal_modules_export_nothing() -> None:
     for mod in ("plan", "ordering", "device", "signals", "worker", "base", "clocked", "dataflow", "tables", "errors",
-                "runtime", "progress_line",
+                "runtime", "progress_line", "shortcut", "profiler",
                 "annotations"):
         assert importlib.import_module(f"swpipeline.{mod}").__all__ == []
 

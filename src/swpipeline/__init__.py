@@ -18,6 +18,8 @@ from .plan import IterContext as IterContext
 from .plan import PipelinePlan as PipelinePlan
 from .plan import PipelineTask as PipelineTask
 from .plan import TaskSchedule as TaskSchedule
+from .profiler import ProfileResult as ProfileResult
+from .profiler import TaskProfiler as TaskProfiler
 
 __version__ = "0.1.0"
 
@@ -31,10 +33,12 @@ __all__ = [
     "PipelinePlan",
     "PipelineTask",
     "PipelineTimeoutError",
+    "ProfileResult",
     "ProgressTimeoutError",
     "SWPipeline",
     "SequencerTimeoutError",
     "SimulatedDevice",
+    "TaskProfiler",
     "TaskSchedule",
     "TorchDevice",
 ]

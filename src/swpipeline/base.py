@@ -43,6 +43,7 @@ from .errors import PipelineAborted, ProgressTimeoutError, annotate
 from .plan import IterContext, PipelinePlan
 from .progress_line import ProgressLine, len_or_none
 from .runtime import TaskRuntime, build_tasks
+from .shortcut import ShortcutTable
 from .signals import CompletionBoard, SubmissionSequencer
 from .worker import Worker
 
@@ -77,6 +78,7 @@ class _PipelineBase:
         self._groups = list(dict.fromkeys(t.group for t in self._tasks))
         self._board = CompletionBoard([t.name for t in self._tasks])
         self._sequencer = SubmissionSequencer()
+        self._shortcuts = ShortcutTable(plan.tasks)
         self._workers: Dict[str, Worker] = {}
         self._error_lock = threading.Lock()
         self._nvtx = False
@@ -209,9 +211,9 @@ class _PipelineBase:
         for task in self._serial_order:
             try:
                 if annotate_ranges:
-                    run_annotated(f"SWP_serial/{self._label(task)}/iter{iter_idx}", task.task.fn, ctx, self._nvtx)
+                    run_annotated(f"SWP_serial/{self._label(task)}/iter{iter_idx}", task.exec_fn, ctx, self._nvtx)
                 else:
-                    task.task.fn(ctx)
+                    task.exec_fn(ctx)
             except BaseException as exc:
                 raise annotate(exc, task.name, iter_idx)
         return ctx
@@ -232,6 +234,38 @@ class _PipelineBase:
             if bar is not None:
                 bar.close()
         return time.perf_counter() - start
+
+    def enable_shortcut(self, *names: str) -> None:
+        """Shortcut these tasks: the next execution caches what each leaves on the context, later ones replay it.
+
+        Settings and caches survive drain(); globally ordered tasks keep their turn.
+
+        Raises:
+            ValueError: an unknown task name.
+            RuntimeError: iterations are in flight (call drain() first).
+        """
+        self._require_idle("enable_shortcut")
+        self._shortcuts.enable(names)
+        self._refresh_executors()
+
+    def disable_shortcut(self, *names: str) -> None:
+        """Run these tasks normally again and drop their caches."""
+        self._require_idle("disable_shortcut")
+        self._shortcuts.disable(names)
+        self._refresh_executors()
+
+    @property
+    def shortcuts(self) -> List[str]:
+        """The names of the shortcut tasks, sorted."""
+        return sorted(self._shortcuts.enabled)
+
+    def _refresh_executors(self) -> None:
+        for task in self._tasks:
+            task.exec_fn = self._shortcuts.executor(task.task)
+
+    def _require_idle(self, what: str) -> None:
+        if self._state == "running":
+            raise RuntimeError(f"{what}() while iterations are in flight; call drain() first")
 
     @property
     def last_context(self) -> Optional[IterContext]:
@@ -399,11 +433,11 @@ class _PipelineBase:
         self._after_task_complete(task, i)
 
     def _launch(self, task: TaskRuntime, ctx: IterContext) -> None:
-        fn = task.task.fn
+        fn = task.exec_fn
         if self._nvtx or profiler_active():
             label = f"SWP/{self._label(task)}/iter{ctx.iter_idx}"
             fn = partial(run_annotated, label, fn, nvtx=self._nvtx)
         self.device.launch(task.stream, fn, ctx, task.name)
 
     def _label(self, task: TaskRuntime) -> str:
-        return task.name
+        return f"{task.name} [skip]" if task.name in self._shortcuts.enabled else task.name

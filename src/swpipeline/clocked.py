@@ -120,7 +120,8 @@ class SWPipeline(_PipelineBase):
         rows = []
         for name in ordering.schedule_rows(self.plan):
             task = self._by_name[name]
-            cells = [f"i{p - task.stage}" if p >= task.stage else "--" for p in range(num_periods)]
+            runs = "." if task.name in self._shortcuts.enabled else None  # a shortcut task replays its cache
+            cells = [(runs or f"i{p - task.stage}") if p >= task.stage else "--" for p in range(num_periods)]
             rows.append((self._label(task), task.group, task.stream_label, cells))
         return format_period_table(rows, num_periods)
 
@@ -140,17 +141,14 @@ class SWPipeline(_PipelineBase):
         print(self.format_stage_analysis())
 
     def _task_type(self, task: TaskRuntime) -> str:
-        return "stream"
+        return "skip" if task.name in self._shortcuts.enabled else "stream"
 
     @property
     def enqueue_order(self) -> List[str]:
         """The order in which one period's tasks are submitted."""
         return [t.name for t in self._enqueue_order]
 
-    def _shortcut_names(self) -> List[str]:
-        return []
-
     def __repr__(self) -> str:
         head = (f"SWPipeline(device={self.device}, depth={self.depth}, tasks={self.plan.task_names}, "
-                f"shortcuts={self._shortcut_names()})")
+                f"shortcuts={self.shortcuts})")
         return f"{head}\n\n{self.format_schedule(self.depth)}"

@@ -130,12 +130,9 @@ class DataFlowPipeline(_PipelineBase):
 
     # -- inspection ---------------------------------------------------------------------------
 
-    def _shortcut_names(self) -> List[str]:
-        return []
-
     def __repr__(self) -> str:
         deps = {t.name: self.plan.intra[t.name] for t in self._serial_order}
         return (f"DataFlowPipeline(device={self.device}, max_depth={self.max_depth}, "
-                f"tasks={[t.name for t in self._serial_order]}, shortcuts={self._shortcut_names()}, "
+                f"tasks={[t.name for t in self._serial_order]}, shortcuts={self.shortcuts}, "
                 f"intra_iter_deps={deps}, inter_iter_deps={ {k: v for k, v in self.plan.inter.items() if v} })")
 

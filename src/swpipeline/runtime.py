@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from .device import Device
 from .plan import PipelinePlan, PipelineTask
@@ -14,7 +14,7 @@ class TaskRuntime:
     """What the engine knows about one task at run time (resolved once at construction)."""
 
     __slots__ = ("name", "index", "task", "stage", "group", "stream", "stream_label", "globally_ordered",
-                 "intra", "inter", "events", "waits_at_retire")
+                 "intra", "inter", "events", "waits_at_retire", "exec_fn")
 
     def __init__(self, index: int, task: PipelineTask, stage: int, group: str, stream: Any,
                  stream_label: str, globally_ordered: bool) -> None:
@@ -26,6 +26,7 @@ class TaskRuntime:
         self.stream = stream
         self.stream_label = stream_label
         self.globally_ordered = globally_ordered
+        self.exec_fn: Callable[[Any], Any] = task.fn  # task.fn, or its shortcut executor
         # (dependency index, its events if this task's stream must wait on them, else None)
         self.intra: List[Tuple[int, Optional[List[Any]]]] = []
         self.inter: List[Tuple[int, Optional[List[Any]]]] = []
