@@ -3,13 +3,18 @@
 For each task T, the *exposed* time is what a serial iteration saves when T is
 shortcut (replayed from its cache instead of run)::
 
-    exposed(T) = max(0, baseline - median over rounds of the iteration time with T shortcut)
+    exposed(T) = max(0, median over rounds of (baseline - iteration time with T shortcut))
 
 It counts what T costs on the critical path of one iteration, including what it
 makes the device wait for, and excludes what overlaps with other work anyway.
 
-Each round times ``num_measure`` iterations between two device synchronizations,
-so the figure includes device time without syncing per iteration.
+Each timed block runs ``num_measure`` iterations between two device
+synchronizations, so the figure includes device time without syncing per
+iteration. Every shortcut block is measured right after a baseline block and the
+two are subtracted: on a steady machine this is the seed's ``baseline - median
+shortcut``; when the machine's speed drifts (other processes, clocks), the paired
+difference cancels the drift that separate medians would report as cost.
+``baseline_s`` is the median of all baseline blocks.
 """
 
 from __future__ import annotations
@@ -99,31 +104,33 @@ class TaskProfiler:
         try:
             for k in range(num_warmup):
                 pipe.run_one_serial_iter(batch, k)
-            baseline = self._median_round(batch, num_measure, num_rounds)
-            exposed: Dict[str, float] = {}
-            for name in [t.name for t in pipe._serial_order if t.name not in skip]:
-                pipe.enable_shortcut(name)
-                pipe.run_one_serial_iter(batch, 0)  # caching run, not timed
-                with_shortcut = self._median_round(batch, num_measure, num_rounds)
-                pipe.disable_shortcut(name)
-                exposed[name] = max(0.0, baseline - with_shortcut)
+            names = [t.name for t in pipe._serial_order if t.name not in skip]
+            baselines: List[float] = []
+            savings: Dict[str, List[float]] = {name: [] for name in names}
+            for _ in range(num_rounds):
+                for name in names:  # each shortcut block right after its own baseline block
+                    baselines.append(self._timed_round(batch, num_measure))
+                    pipe.enable_shortcut(name)
+                    pipe.run_one_serial_iter(batch, 0)  # caching run, not timed
+                    savings[name].append(baselines[-1] - self._timed_round(batch, num_measure))
+                    pipe.disable_shortcut(name)
+                if not names:
+                    baselines.append(self._timed_round(batch, num_measure))
         finally:
             table.enabled, table.caches = saved
             pipe._refresh_executors()
-        return ProfileResult(baseline, exposed)
+        exposed = {name: max(0.0, statistics.median(savings[name])) for name in names}
+        return ProfileResult(statistics.median(baselines), exposed)
 
     def profile_many(self, batches: Sequence[Any], **kwargs: Any) -> List[ProfileResult]:
         """``profile`` each batch in turn (same keyword arguments)."""
         return [self.profile(batch, **kwargs) for batch in batches]
 
-    def _median_round(self, batch: Any, num_measure: int, num_rounds: int) -> float:
-        pipe = self.pipe
-        rounds = []
-        for _ in range(num_rounds):
-            pipe.device.synchronize()
-            start = time.perf_counter()
-            for k in range(num_measure):
-                pipe.run_one_serial_iter(batch, k)
-            pipe.device.synchronize()
-            rounds.append((time.perf_counter() - start) / num_measure)
-        return statistics.median(rounds)
+    def _timed_round(self, batch: Any, num_measure: int) -> float:
+        """Seconds per iteration over ``num_measure`` serial iterations, between two device syncs."""
+        self.pipe.device.synchronize()
+        start = time.perf_counter()
+        for k in range(num_measure):
+            self.pipe.run_one_serial_iter(batch, k)
+        self.pipe.device.synchronize()
+        return (time.perf_counter() - start) / num_measure
