@@ -28,6 +28,10 @@ How to read the table
     groups (one queue hand-off between threads costs ~9 us on a 2-core machine);
     ``met`` compares the *median* overhead with the target.
 
+``--trace`` adds a fourth method, ``pipe.run(data, trace=True)``: what recording the
+timeline costs per task when it is on (off, the ``run`` row, it costs nothing: the
+workers then run the same code as without the feature).
+
 ``--profile`` runs one configuration's ``pipe.run`` under cProfile in every thread
 (main and workers, merged) and prints the top functions by tottime instead of the table.
 """
@@ -71,6 +75,7 @@ INTER_DEPS = [("ZeroGrad", "OptimizerStep"), ("Forward", "OptimizerStep")]
 # configuration name -> (whether tasks keep their own thread groups, overhead target in us/task)
 CONFIGS: Dict[str, Tuple[bool, float]] = {"one-group": (False, 5.0), "three-groups": (True, 15.0)}
 METHODS = ("plain loop", "run_serial", "run")
+TRACED = "run(trace=True)"
 
 
 def noop(ctx: swp.IterContext) -> None:
@@ -97,14 +102,17 @@ def time_plain_loop(fns: Sequence[Callable[[swp.IterContext], Any]], iters: int)
     return time.perf_counter() - start
 
 
-def time_methods(pipe: swp.SWPipeline, iters: int) -> Dict[str, float]:
-    """One repeat: seconds for each of METHODS, run back to back."""
+def time_methods(pipe: swp.SWPipeline, iters: int, traced: bool = False) -> Dict[str, float]:
+    """One repeat: seconds for each of METHODS (and TRACED if asked), run back to back."""
     fns = [noop for _ in TASK_LAYOUT]
-    return {
+    seconds = {
         "plain loop": time_plain_loop(fns, iters),
         "run_serial": pipe.run_serial(range(iters)),
         "run": pipe.run(range(iters)),
     }
+    if traced:
+        seconds[TRACED] = pipe.run(range(iters), trace=True)
+    return seconds
 
 
 @dataclass
@@ -116,22 +124,22 @@ class ConfigResult:
     seconds: Dict[str, List[float]]
 
 
-def measure_config(name: str, iters: int, repeats: int, device: str) -> ConfigResult:
+def measure_config(name: str, iters: int, repeats: int, device: str, traced: bool = False) -> ConfigResult:
     spread_groups, target_us = CONFIGS[name]
     pipe = swp.SWPipeline(build_plan(spread_groups), device=device)
-    time_methods(pipe, min(iters, 300))  # warm-up: imports, caches, first thread start
-    seconds: Dict[str, List[float]] = {m: [] for m in METHODS}
+    time_methods(pipe, min(iters, 300), traced)  # warm-up: imports, caches, first thread start
+    seconds: Dict[str, List[float]] = {}
     for _ in range(repeats):
-        for method, value in time_methods(pipe, iters).items():
-            seconds[method].append(value)
+        for method, value in time_methods(pipe, iters, traced).items():
+            seconds.setdefault(method, []).append(value)
     return ConfigResult(name, target_us, seconds)
 
 
 def result_rows(result: ConfigResult, iters: int) -> List[List[str]]:
     num_tasks = len(TASK_LAYOUT)
-    per_task = {m: [s / (iters * num_tasks) * 1e6 for s in result.seconds[m]] for m in METHODS}
+    per_task = {m: [s / (iters * num_tasks) * 1e6 for s in result.seconds[m]] for m in result.seconds}
     rows = []
-    for method in METHODS:
+    for method in result.seconds:
         total_ms = median_and_min(result.seconds[method])[0] * 1e3
         cells = [result.name, method, f"{total_ms:.1f}", f"{total_ms * 1e3 / iters:.2f}",
                  f"{median_and_min(per_task[method])[0]:.3f}"]
@@ -220,6 +228,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--profile", nargs="?", const="one-group", choices=sorted(CONFIGS), default=None,
                         help="profile one configuration (default one-group) instead of printing the table")
     parser.add_argument("--top", type=int, default=25, help="functions shown by --profile (default 25)")
+    parser.add_argument("--trace", action="store_true",
+                        help="also time pipe.run(data, trace=True): the cost of recording a timeline")
     args = parser.parse_args(argv)
     if args.iters < 1 or args.repeats < 1:
         parser.error(f"--iters and --repeats must be >= 1, got {args.iters} and {args.repeats}")
@@ -231,7 +241,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.profile is not None:
         run_profile(args.profile, args.iters, args.top, args.device)
         return
-    results = [measure_config(name, args.iters, args.repeats, args.device) for name in CONFIGS]
+    results = [measure_config(name, args.iters, args.repeats, args.device, args.trace) for name in CONFIGS]
     print_table(results, args.iters, args.repeats)
 
 

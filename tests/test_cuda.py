@@ -7,7 +7,7 @@ of the two-phase protocol the consumer would read the stale value.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 import torch
@@ -98,3 +98,27 @@ def test_retired_side_stream_results_are_visible_to_the_caller(device: str) -> N
             break
         seen.append(float(out[idx].sum().item()) / 1024)  # read on the caller's (default) stream
     assert seen == [3.0 * i for i in range(8)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_traced_run_has_device_times_on_accelerators(device: str) -> None:
+    # On CUDA each unit records two timing events around its launch on its stream; on the CPU there are none.
+    results: Dict[int, float] = {}
+    pipe = SWPipeline(chain_plan(device, results), device=device)
+    pipe.run(range(10), trace=True)
+    assert results == {i: 2.0 * i + 1 for i in range(10)}
+    timeline = pipe.timeline
+    assert timeline is not None and len(timeline.records) == 40
+    assert timeline.has_device_times == (device == "cuda")
+
+    def span(record: Any) -> Tuple[float, float]:
+        if device == "cuda":
+            return record.device_start, record.device_end
+        return record.cpu_start, record.cpu_end
+
+    for stream in timeline.streams:  # one thread group per stream here: spans on a stream never overlap
+        spans = sorted(span(r) for r in timeline.records if r.stream == stream)
+        assert all(start <= end for start, end in spans)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    cats = {e["cat"] for e in timeline.to_chrome_trace()["traceEvents"] if e["ph"] == "X" and e["pid"] == 2}
+    assert cats == ({"device"} if device == "cuda" else {"task"})

@@ -5,8 +5,10 @@ Wall-clock times and speedups are printed by the demo, never asserted here.
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import replace
+from pathlib import Path
 from typing import List, Optional
 
 import pytest
@@ -20,6 +22,12 @@ TINY = replace(demo.DemoConfig(), iters=6, batch_size=32, warmup_iters=2, table_
                max_events=6, distinct_ids=3, bottom_mlp=(8, 4), top_mlp=(8,), embedding_dim=4)
 
 TINY_ARGS = ["demo", "--iters", "5", "--batch-size", "32", "--warmup-iters", "1", "--device", "cpu"]
+
+
+@pytest.fixture(autouse=True)
+def in_a_scratch_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo writes its trace and pictures under out/ by default: keep them out of the repository."""
+    monkeypatch.chdir(tmp_path)
 
 
 def swp_threads() -> List[str]:
@@ -40,6 +48,24 @@ def test_demo_command_prints_plan_results_and_equal_losses(capsys: pytest.Captur
     assert "losses equal: yes (all 5 iterations bitwise equal" in out
     assert torch.get_num_threads() == threads_before  # the demo restores the global setting
     assert swp_threads() == []
+
+
+def test_demo_writes_the_trace_and_pictures_and_prints_the_stats(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    assert main(TINY_ARGS) == 0
+    out = capsys.readouterr().out
+    assert "pipelined run, as traced:\nSWPipeline on cpu: 5 iterations in " in out
+    assert "PrepareBatch   prep     prep" in out and "thread prep" in out
+    for name in ("demo_trace.json", "demo_timeline.png", "demo_schedule.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+        assert f"out/{name}" in out
+    trace = json.loads((tmp_path / "out" / "demo_trace.json").read_text())
+    assert {e["name"] for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "task"} == {
+        "PrepareBatch", "CopyToDevice", "Forward", "Backward", "OptimizerStep"}
+    assert main([*TINY_ARGS, "--trace", str(tmp_path / "t.json"), "--chart", "", "--schedule-chart", ""]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "t.json").exists() and "timeline chart" not in out and "schedule picture" not in out
 
 
 def test_demo_command_rejects_a_device_torch_does_not_know(capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,6 +16,7 @@ EXPORTED = {
     "CPUDevice", "DataFlowPipeline", "DeclaredIO", "DependencyTimeoutError", "Device", "IterContext", "PipelinePlan", "PipelineTask",
     "PipelineTimeoutError", "ProfileResult", "ProgressTimeoutError", "SWPipeline", "SequencerTimeoutError", "SimulatedDevice",
     "TaskProfiler", "TaskSchedule", "TorchDevice",
+    "DependencyWait", "RunStats", "TaskRecord", "TaskStats", "Timeline",
 }
 
 
@@ -27,7 +28,7 @@ def test_exported_names() -> None:
 
 def test_internal_modules_export_nothing() -> None:
     for mod in ("plan", "ordering", "device", "signals", "worker", "base", "clocked", "dataflow", "tables", "errors",
-                "runtime", "progress_line", "shortcut", "profiler",
+                "runtime", "progress_line", "shortcut", "profiler", "timeline", "trace_export", "charts", "stats",
                 "annotations"):
         assert importlib.import_module(f"swpipeline.{mod}").__all__ == []
 

@@ -20,6 +20,11 @@ from .plan import PipelineTask as PipelineTask
 from .plan import TaskSchedule as TaskSchedule
 from .profiler import ProfileResult as ProfileResult
 from .profiler import TaskProfiler as TaskProfiler
+from .stats import RunStats as RunStats
+from .stats import TaskStats as TaskStats
+from .timeline import DependencyWait as DependencyWait
+from .timeline import TaskRecord as TaskRecord
+from .timeline import Timeline as Timeline
 
 __version__ = "0.1.0"
 
@@ -28,6 +33,7 @@ __all__ = [
     "DataFlowPipeline",
     "DeclaredIO",
     "DependencyTimeoutError",
+    "DependencyWait",
     "Device",
     "IterContext",
     "PipelinePlan",
@@ -35,10 +41,14 @@ __all__ = [
     "PipelineTimeoutError",
     "ProfileResult",
     "ProgressTimeoutError",
+    "RunStats",
     "SWPipeline",
     "SequencerTimeoutError",
     "SimulatedDevice",
     "TaskProfiler",
+    "TaskRecord",
     "TaskSchedule",
+    "TaskStats",
+    "Timeline",
     "TorchDevice",
 ]

@@ -22,6 +22,10 @@ A work unit runs the two-phase protocol for each dependency, then the task::
     device.launch(stream, fn, ctx)      # fn(ctx) with the task's stream current
     device.record(event, stream)        # only if a consumer is on another stream
     board.complete(task, i)             # sets the CPU signal
+
+A traced fill hands the workers ``_run_unit_recorded`` instead, which times the
+phase-1 waits, runs ``_run_unit`` and records the unit (see ``timeline.py``); an
+untraced one runs exactly the code above.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ from .progress_line import ProgressLine, len_or_none
 from .runtime import TaskRuntime, build_tasks
 from .shortcut import ShortcutTable
 from .signals import CompletionBoard, SubmissionSequencer
+from .stats import RunStats
+from .timeline import Recorder, Timeline, TraceSpec, parse_trace
 from .worker import Worker
 
 __all__: List[str] = []
@@ -82,6 +88,8 @@ class _PipelineBase:
         self._workers: Dict[str, Worker] = {}
         self._error_lock = threading.Lock()
         self._nvtx = False
+        self._tracing = False  # record a timeline at the next fill (run(trace=...), tracing())
+        self._recorder: Optional[Recorder] = None  # the last fill's, if it was traced
         self.peak_live_contexts = 0
         self._reset_state()
 
@@ -167,15 +175,20 @@ class _PipelineBase:
                 self.device.synchronize()
             self._reset_state()
 
-    def run(self, data_iter: Iterable[Any], verbose: bool = False, emit_nvtx: bool = False) -> float:
+    def run(self, data_iter: Iterable[Any], verbose: bool = False, emit_nvtx: bool = False,
+            trace: TraceSpec = None) -> float:
         """Run every batch of ``data_iter`` through the pipeline; returns wall-clock seconds.
 
         Args:
             data_iter: any iterable of batches.
-            verbose: show a progress line on stderr.
+            verbose: show a progress line on stderr, record the timeline and print ``stats()`` at the end.
             emit_nvtx: emit NVTX ranges ``SWP/{Task}/iter{N}`` (CUDA only; ignored elsewhere).
+            trace: ``True`` records the run's timeline (``pipe.timeline``, ``pipe.stats()``); a path
+                also writes it there as Chrome/Perfetto trace JSON. Off (``None``) costs nothing.
         """
+        record, trace_path = parse_trace(trace)
         self._nvtx = resolve_emit_nvtx(emit_nvtx)
+        was_tracing, self._tracing = self._tracing, self._tracing or record or verbose
         bar = ProgressLine(type(self).__name__, len_or_none(data_iter)) if verbose else None
         nvtx_ctx = emit_nvtx_context() if self._nvtx else contextlib.nullcontext()
         start = time.perf_counter()
@@ -193,11 +206,49 @@ class _PipelineBase:
             elapsed = time.perf_counter() - start
         finally:
             self._nvtx = False
+            self._tracing = was_tracing
             if self._state != "idle":
                 self.drain()
+            if self._recorder is not None:
+                self._recorder.close()
             if bar is not None:
                 bar.close()
+        if self._recorder is not None and trace_path is not None:
+            self._recorder.timeline().save_chrome_trace(trace_path)
+        if verbose:
+            print(self.stats().format(), file=sys.stderr)
         return elapsed
+
+    @contextlib.contextmanager
+    def tracing(self) -> Iterator[None]:
+        """Record the timeline of every ``fill_pipeline()`` started in the block; read ``pipe.timeline`` after.
+
+        For step-by-step loops; ``run(data, trace=True)`` is the one-call form.
+        """
+        was_tracing, self._tracing = self._tracing, True
+        try:
+            yield
+        finally:
+            self._tracing = was_tracing
+            if self._recorder is not None:
+                self._recorder.close()
+
+    @property
+    def timeline(self) -> Optional[Timeline]:
+        """What the last fill ran where and when, if it was traced (see ``run(trace=...)``), else None."""
+        return self._recorder.timeline() if self._recorder is not None else None
+
+    def stats(self) -> RunStats:
+        """Per-task and per-run statistics of the last traced run (``print(pipe.stats())`` shows a table).
+
+        Raises:
+            RuntimeError: the last run was not traced.
+        """
+        timeline = self.timeline
+        if timeline is None:
+            raise RuntimeError("stats(): the last run was not traced; use run(data, trace=True) (or verbose=True, "
+                               "or fill_pipeline() inside `with pipe.tracing():`) to record what stats() summarizes")
+        return timeline.stats()
 
     def run_one_serial_iter(self, batch: Any, iter_idx: int = 0) -> IterContext:
         """Run one iteration serially on the calling thread, tasks in topological order.
@@ -360,10 +411,23 @@ class _PipelineBase:
             if self.worker_init is not None:
                 self.worker_init(group)
 
+        run_unit: Callable[..., None] = self._run_unit  # an untraced run takes no recording branch anywhere
+        self._recorder = self._new_recorder() if self._tracing else None
+        if self._recorder is not None:
+            run_unit = partial(self._run_unit_recorded, self._recorder)
         self._workers = {
-            g: Worker(g, self._run_unit, self._on_worker_error, self._is_aborted, partial(enter_thread, g))
+            g: Worker(g, run_unit, self._on_worker_error, self._is_aborted, partial(enter_thread, g))
             for g in self._groups
         }
+
+    def _new_recorder(self) -> Recorder:
+        device = self.device
+        new_event = None
+        if device.has_timing_events:
+            device.synchronize()  # the recorder's reference event then marks "now" on the device
+            new_event = device.new_timing_event
+        return Recorder(self._tasks, [t.name for t in self._serial_order], type(self).__name__, str(device),
+                        new_event, device.default_stream())
 
     def _stop_workers(self) -> None:
         workers, self._workers = self._workers, {}
@@ -431,6 +495,33 @@ class _PipelineBase:
             device.record(task.events[i % self._event_slots], task.stream)
         board.complete(task.index, i)
         self._after_task_complete(task, i)
+
+    def _run_unit_recorded(self, recorder: Recorder, task: TaskRuntime, ctx: IterContext, seq: int) -> None:
+        """``_run_unit`` for traced runs: times the phase-1 waits itself, then runs the unit and records it."""
+        i = ctx.iter_idx
+        period = self._unit_period(task, ctx)  # before the unit: SWPipeline forgets it at retirement
+        board, clock = self._board, time.perf_counter
+        done = board.done
+        ready = deps_done = clock()
+        waits = []
+        for dep, _ in task.intra:
+            if done[dep] <= i:
+                board.wait_task(dep, i, self.signal_timeout, task.name, i)
+                waits.append((dep, i, deps_done, clock()))
+                deps_done = waits[-1][3]
+        if i > 0:
+            for dep, _ in task.inter:
+                if done[dep] < i:
+                    board.wait_task(dep, i - 1, self.signal_timeout, task.name, i)
+                    waits.append((dep, i - 1, deps_done, clock()))
+                    deps_done = waits[-1][3]
+        recorder.begin(task.index)
+        self._run_unit(recorder.runtimes[task.index], ctx, seq)  # its phase-1 waits now return at once
+        recorder.add(task.index, i, period, ready, deps_done, waits or None)
+
+    def _unit_period(self, task: TaskRuntime, ctx: IterContext) -> Optional[int]:
+        """The clock period a unit belongs to, for timelines (None: the engine has no clock)."""
+        return None
 
     def _launch(self, task: TaskRuntime, ctx: IterContext) -> None:
         fn = task.exec_fn

@@ -29,7 +29,8 @@ from .base import _PipelineBase
 from .device import DeviceSpec
 from .plan import IterContext, PipelinePlan
 from .runtime import TaskRuntime
-from .tables import format_period_table, format_stage_analysis
+from .tables import ScheduleRow, format_period_table, format_stage_analysis
+from .timeline import PathLike
 
 __all__: List[str] = []
 
@@ -111,23 +112,37 @@ class SWPipeline(_PipelineBase):
         for group, units in per_group.items():
             workers[group].put(units)
 
+    def _unit_period(self, task: TaskRuntime, ctx: IterContext) -> Optional[int]:
+        entered = self._start_period.get(ctx.iter_idx)  # popped when the iteration retires
+        return None if entered is None else entered + task.stage
+
     # -- inspection ---------------------------------------------------------------------------
 
     def format_schedule(self, num_periods: int) -> str:
         """The period x task table as a string (rows stage-descending, topological within a stage)."""
+        return format_period_table(self._schedule_rows(num_periods), num_periods)
+
+    def _schedule_rows(self, num_periods: int) -> List[ScheduleRow]:
         if isinstance(num_periods, bool) or not isinstance(num_periods, int) or num_periods < 1:
             raise ValueError(f"num_periods must be a positive int, got {num_periods!r}")
-        rows = []
+        rows: List[ScheduleRow] = []
         for name in ordering.schedule_rows(self.plan):
             task = self._by_name[name]
             runs = "." if task.name in self._shortcuts.enabled else None  # a shortcut task replays its cache
             cells = [(runs or f"i{p - task.stage}") if p >= task.stage else "--" for p in range(num_periods)]
             rows.append((self._label(task), task.group, task.stream_label, cells))
-        return format_period_table(rows, num_periods)
+        return rows
 
     def print_schedule(self, num_periods: int) -> None:
         """Print ``format_schedule(num_periods)``."""
         print(self.format_schedule(num_periods))
+
+    def save_schedule_chart(self, path: PathLike, num_periods: int) -> None:
+        """Draw the ``print_schedule`` table as a PNG picture, cells coloured by iteration (needs matplotlib)."""
+        from .charts import save_period_table
+
+        save_period_table(self._schedule_rows(num_periods), path,
+                          title=f"SWPipeline schedule: depth {self.depth}, {num_periods} periods")
 
     def format_stage_analysis(self) -> str:
         """Tasks in serial order with their stage, and the LDS check (see ``ordering.longest_stage_chain``)."""

@@ -40,6 +40,7 @@ from torch import nn
 from .clocked import SWPipeline
 from .device import Device, TorchDevice, resolve_device
 from .plan import IterContext, PipelinePlan, PipelineTask, TaskSchedule
+from .timeline import Timeline
 
 __all__: List[str] = []
 
@@ -319,6 +320,7 @@ class RunResult:
     losses: torch.Tensor  # [iters], on the CPU
     task_seconds: Dict[str, float]  # host time per task, summed over the timed iterations
     others_cpu_seconds: Optional[float] = None  # CPU time other processes took meanwhile (Linux only)
+    timeline: Optional[Timeline] = None  # what ran where and when (pipelined runs are traced)
 
 
 def busy_cpu_seconds() -> Optional[float]:
@@ -351,12 +353,13 @@ def timed_run(cfg: DemoConfig, device: Device, batches: Sequence[RawBatch], pipe
     others = None
     if busy_before is not None and busy_after is not None:
         others = max(0.0, (busy_after - busy_before) - (own_after - own_before))
-    return RunResult(mode, seconds, torch.stack(job.losses).cpu(), dict(job.task_seconds), others)
+    return RunResult(mode, seconds, torch.stack(job.losses).cpu(), dict(job.task_seconds), others,
+                     job.pipe.timeline)
 
 
 def _train(job: TrainingJob, batches: Sequence[RawBatch], pipelined: bool) -> float:
-    """Run ``batches`` through ``job``'s pipeline; returns the engine's wall-clock seconds."""
-    return job.pipe.run(batches) if pipelined else job.pipe.run_serial(batches)
+    """Run ``batches`` through ``job``'s pipeline (pipelined runs traced); returns wall-clock seconds."""
+    return job.pipe.run(batches, trace=True) if pipelined else job.pipe.run_serial(batches)
 
 
 def format_results(serial: RunResult, pipelined: RunResult, iters: int) -> str:
@@ -435,6 +438,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="'cpu', 'cuda', 'cuda:1', ... (default: the accelerator if there is one, else the CPU)")
     parser.add_argument("--seed", type=int, default=defaults.seed,
                         help=f"seed of the initial weights; batch k comes from seed + k (default {defaults.seed})")
+    outputs = DemoOutputs()
+    parser.add_argument("--trace", default=outputs.trace, metavar="PATH",
+                        help=f"write the pipelined run's Chrome/Perfetto trace JSON here (default {outputs.trace}; "
+                             f"'' to skip)")
+    parser.add_argument("--chart", default=outputs.chart, metavar="PATH",
+                        help=f"draw its timeline as a PNG Gantt chart here (default {outputs.chart}; needs "
+                             f"matplotlib; '' to skip)")
+    parser.add_argument("--schedule-chart", default=outputs.schedule_chart, metavar="PATH",
+                        help=f"draw the period schedule as a PNG here (default {outputs.schedule_chart}; '' to skip)")
+
+
+@dataclass(frozen=True)
+class DemoOutputs:
+    """Where ``swpipeline demo`` writes its pictures and trace ('' or None: not written)."""
+
+    trace: Optional[str] = "out/demo_trace.json"
+    chart: Optional[str] = "out/demo_timeline.png"
+    schedule_chart: Optional[str] = "out/demo_schedule.png"
+    chart_iterations: int = 8  # the chart shows the first iterations: the fill, then the steady state
 
 
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
@@ -453,14 +475,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    outputs = DemoOutputs(trace=args.trace, chart=args.chart, schedule_chart=args.schedule_chart)
     try:
-        return run_demo(cfg, device)
+        return run_demo(cfg, device, outputs)
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def run_demo(cfg: DemoConfig, device: Device) -> int:
-    """Print the plan, train serially and pipelined, print the comparison; returns the exit code."""
+def run_demo(cfg: DemoConfig, device: Device, outputs: Optional[DemoOutputs] = None) -> int:
+    """Print the plan, train serially and pipelined, print the comparison; returns the exit code.
+
+    With ``outputs``, also write the pipelined run's trace and the pictures there.
+    """
     print(f"swpipeline demo: DLRM-style click model ({cfg.num_sparse} embedding bags, {cfg.num_dense} dense "
           f"features), {cfg.iters} iterations x {cfg.batch_size} samples, on {device}")
     print(f"torch.set_num_threads(1): every torch op runs on one core, so the prep thread and the "
@@ -482,4 +508,30 @@ def run_demo(cfg: DemoConfig, device: Device) -> int:
     print(format_thread_split(shown.plan, serial))
     equal, message = format_loss_check(serial, pipelined)
     print(message)
+    if pipelined.timeline is not None:
+        print(f"\npipelined run, as traced:\n{pipelined.timeline.stats()}")
+        if outputs is not None:
+            write_outputs(outputs, pipelined.timeline, shown.pipe)
     return 0 if equal else 1
+
+
+def write_outputs(outputs: DemoOutputs, timeline: Timeline, pipe: SWPipeline) -> None:
+    """Write the trace JSON and the pictures that ``outputs`` asks for, and say where they are."""
+    lines = []
+    if outputs.trace:
+        timeline.save_chrome_trace(outputs.trace)
+        lines.append(f"trace: {outputs.trace} (open it at https://ui.perfetto.dev or chrome://tracing)")
+    try:
+        if outputs.chart:
+            last = min(outputs.chart_iterations, timeline.num_iterations) - 1
+            timeline.save_chart(outputs.chart, iterations=(0, last),
+                                title=f"swpipeline demo, pipelined: iterations 0-{last} of {timeline.num_iterations} "
+                                      f"on {timeline.device}")
+            lines.append(f"timeline chart: {outputs.chart}")
+        if outputs.schedule_chart:
+            pipe.save_schedule_chart(outputs.schedule_chart, 5)
+            lines.append(f"schedule picture: {outputs.schedule_chart}")
+    except ImportError as exc:
+        lines.append(f"pictures skipped: {exc}")
+    if lines:
+        print("\n" + "\n".join(lines))

@@ -35,6 +35,7 @@ class Device:
 
     kind = "cpu"
     uses_events = False  # whether the engine must record/wait device events
+    has_timing_events = False  # whether new_timing_event() gives events that measure device time
 
     def __init__(self) -> None:
         self._named: Dict[str, Any] = {}
@@ -100,6 +101,10 @@ class Device:
     def new_event(self) -> Any:
         return None
 
+    def new_timing_event(self) -> Any:
+        """An event whose ``record()``/``elapsed_time()`` measure device time (tracing only)."""
+        raise NotImplementedError(f"{self.kind} has no timing events")
+
     def record(self, event: Any, stream: Any) -> None:
         """Record ``event`` after the work submitted so far to ``stream``."""
 
@@ -132,6 +137,7 @@ class TorchDevice(Device):
     """An accelerator driven through torch.Stream / torch.Event."""
 
     uses_events = True
+    has_timing_events = True
 
     def __init__(self, device: torch.device) -> None:
         super().__init__()
@@ -165,6 +171,9 @@ class TorchDevice(Device):
 
     def new_event(self) -> Any:
         return torch.Event(device=self.torch_device)
+
+    def new_timing_event(self) -> Any:
+        return torch.Event(device=self.torch_device, enable_timing=True)
 
     def record(self, event: Any, stream: Any) -> None:
         event.record(stream)

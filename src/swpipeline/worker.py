@@ -10,8 +10,10 @@ thread that stops it can always join it.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import queue
+import sys
 import threading
 from typing import Any, Callable, List, Sequence, Tuple
 
@@ -21,6 +23,21 @@ logger = logging.getLogger("swpipeline")
 
 Unit = Tuple[Any, ...]
 _STOP = object()
+_PR_SET_NAME = 15  # linux/prctl.h
+
+
+def name_os_thread(name: str) -> None:
+    """Give the calling OS thread ``name`` (Linux; at most 15 bytes), so that profilers show it; best effort.
+
+    Python names only its own ``threading.Thread`` object; the torch profiler's trace,
+    ``top -H`` and py-spy read the OS thread name, which is otherwise ``python``.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 class Worker:
@@ -63,6 +80,7 @@ class Worker:
         return self._thread.is_alive()
 
     def _loop(self) -> None:
+        name_os_thread(self._thread.name)
         try:
             self._enter_thread()
         except BaseException as exc:  # report, then keep draining so the stopper can join us

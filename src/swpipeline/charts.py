@@ -1,0 +1,196 @@
+"""Pictures of a run: the timeline as a Gantt chart, and the period schedule as a coloured table.
+
+Both are PNGs drawn with matplotlib's object API on an Agg canvas (no pyplot, no
+global backend switch, safe in any thread). matplotlib is imported only when a
+picture is drawn, so ``import swpipeline`` never needs it (``pip install
+swpipeline[plot]``). Iteration ``i`` has the same colour in both pictures::
+
+    thread swp-prep   [P i3][P i4][P i5]...          one row per thread group: task spans,
+    thread swp-main   //wait//[F i1][B i1][O i1]...  dependency waits hatched
+    stream prep       [P i3][P i4][P i5]...          one row per stream (device times where recorded)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    from .tables import ScheduleRow
+    from .timeline import PathLike, TaskRecord, Timeline
+
+__all__: List[str] = []
+
+_DPI = 110
+_WAIT_HATCH = "////"
+
+
+def _matplotlib() -> Tuple[Any, Any, Any]:
+    """matplotlib's Figure, Agg canvas and colormaps, or an ImportError that says how to install it."""
+    try:
+        from matplotlib import colormaps
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ImportError("swpipeline charts need matplotlib: pip install 'swpipeline[plot]' "
+                          "(or pip install matplotlib)") from exc
+    return Figure, FigureCanvasAgg, colormaps
+
+
+def iteration_color(colormaps: Any, iteration: int) -> Any:
+    """The colour of an iteration: tab10, cycling."""
+    return colormaps["tab10"](iteration % 10)
+
+
+def _save(figure: Any, canvas_type: Any, path: "PathLike") -> None:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    canvas_type(figure)
+    figure.savefig(target, dpi=_DPI)
+
+
+# -- the Gantt chart -------------------------------------------------------------------------------
+
+
+def _window(timeline: "Timeline", iterations: Optional[Tuple[int, int]]) -> Tuple[float, float]:
+    """The time span (seconds) from the first start to the last end of the chosen iterations."""
+    chosen = timeline.records
+    if iterations is not None:
+        first, last = iterations
+        if first > last:
+            raise ValueError(f"iterations: first {first} is after last {last}; pass (first, last) with first <= last")
+        chosen = tuple(r for r in timeline.records if first <= r.iteration <= last)
+        if not chosen:
+            raise ValueError(f"iterations {iterations}: no recorded task ran on them "
+                             f"(the timeline has iterations 0..{timeline.num_iterations - 1})")
+    if not chosen:
+        return 0.0, max(timeline.wall, 1e-6)
+    return min(min(r.ready, r.cpu_start) for r in chosen), max(r.cpu_end for r in chosen)
+
+
+def _bar_label(task: str, iteration: int, room_chars: float) -> Optional[str]:
+    """The longest label that fits in ``room_chars``: ``Forward i3``, ``F i3`` (capitals), ``i3``, or None."""
+    capitals = "".join(c for c in task if c.isupper() or c.isdigit()) or task[:1]
+    for label in (f"{task} i{iteration}", f"{capitals} i{iteration}", f"i{iteration}"):
+        if len(label) + 1 <= room_chars:
+            return label
+    return None
+
+
+def save_gantt(timeline: "Timeline", path: "PathLike", *, iterations: Optional[Tuple[int, int]] = None,
+               title: Optional[str] = None) -> None:
+    """Draw ``timeline`` as a Gantt chart PNG: one row per thread group and per stream.
+
+    Task spans are coloured by iteration and labelled (abbreviated task name and
+    iteration) where they are wide enough; dependency waits are hatched. With
+    ``iterations=(first, last)`` the chart shows the time from the first start to
+    the last end of those iterations, and everything that ran meanwhile.
+    """
+    figure_type, canvas_type, colormaps = _matplotlib()
+    lo, hi = _window(timeline, iterations)
+    span = max(hi - lo, 1e-9)
+    visible = [r for r in timeline.records if r.cpu_end >= lo and min(r.ready, r.cpu_start) <= hi]
+    lanes = [("thread", g) for g in timeline.thread_groups] + [("stream", s) for s in timeline.streams]
+    width_in = 13.0
+    figure = figure_type(figsize=(width_in, 1.3 + 0.42 * len(lanes)), layout="constrained")
+    ax = figure.add_subplot()
+    chars_per_ms = width_in * 0.8 * 72 / 4.0 / (span * 1e3)  # ~4 points per character at font size 7
+    for row, (kind, lane) in enumerate(lanes):
+        on_lane = [r for r in visible if (r.thread_group if kind == "thread" else r.stream) == lane]
+        _draw_lane(ax, row, kind, on_lane, chars_per_ms, colormaps)
+    ax.set_yticks(range(len(lanes)), [f"{kind} {'swp-' if kind == 'thread' else ''}{lane}" for kind, lane in lanes])
+    ax.set_ylim(len(lanes) - 0.5, -0.5)
+    ax.set_xlim(lo * 1e3, hi * 1e3)
+    ax.set_xlabel("ms since the run started")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_axisbelow(True)
+    if len(timeline.thread_groups) and len(timeline.streams):
+        ax.axhline(len(timeline.thread_groups) - 0.5, color="0.5", linewidth=0.8)
+    shown = sorted({r.iteration for r in visible})
+    _legend(ax, shown, colormaps, timeline.has_device_times)
+    what = f"iterations {iterations[0]}-{iterations[1]}" if iterations else f"{timeline.num_iterations} iterations"
+    ax.set_title(title or f"{timeline.engine} on {timeline.device}: {what}", loc="left")
+    _save(figure, canvas_type, path)
+
+
+def _draw_lane(ax: Any, row: int, kind: str, records: Sequence["TaskRecord"], chars_per_ms: float,
+               colormaps: Any) -> None:
+    """One row of the Gantt chart: its task bars (and, for a thread, its hatched waits)."""
+    for record in records:
+        color = iteration_color(colormaps, record.iteration)
+        if kind == "thread":
+            for wait in record.waits:
+                ax.barh(row, (wait.end - wait.start) * 1e3, left=wait.start * 1e3, height=0.5,
+                        color="white", edgecolor=color, hatch=_WAIT_HATCH, linewidth=0.6)
+        start, end = record.cpu_start, record.cpu_end
+        if kind == "stream" and record.device_start is not None and record.device_end is not None:
+            start, end = record.device_start, record.device_end
+        width_ms = (end - start) * 1e3
+        ax.barh(row, width_ms, left=start * 1e3, height=0.72, color=color, edgecolor="black", linewidth=0.4)
+        label = _bar_label(record.task, record.iteration, width_ms * chars_per_ms)
+        if label is not None:
+            ax.text(start * 1e3 + width_ms / 2, row, label, ha="center", va="center", fontsize=7, clip_on=True)
+
+
+def _legend(ax: Any, iterations: Sequence[int], colormaps: Any, device_times: bool) -> None:
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=iteration_color(colormaps, i), edgecolor="black", linewidth=0.4, label=f"i{i}")
+               for i in iterations[:10]]
+    handles.append(Patch(facecolor="white", edgecolor="0.3", hatch=_WAIT_HATCH, label="dependency wait"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7,
+              title="device times on streams" if device_times else None, title_fontsize=7, frameon=False)
+
+
+# -- the period table ------------------------------------------------------------------------------
+
+
+def save_period_table(rows: Sequence["ScheduleRow"], path: "PathLike", *, title: Optional[str] = None) -> None:
+    """Draw a ``print_schedule`` table as a PNG: one row per task, one column per period.
+
+    A cell ``iN`` is filled with iteration N's colour; ``--`` (nothing to do yet)
+    stays blank; ``.`` (a shortcut task replaying its cache) is hatched grey.
+    """
+    figure_type, canvas_type, colormaps = _matplotlib()
+    num_periods = len(rows[0][3]) if rows else 0
+    headers = ["Task", "Thread", "Stream"]
+    text_widths = [max([len(h)] + [len(r[k]) for r in rows]) + 2 for k, h in enumerate(headers)]
+    cell_width = max([4] + [len(c) + 2 for r in rows for c in r[3]] + [len(f"P{num_periods - 1}") + 2])
+    lefts: List[float] = [0.0]
+    for w in text_widths + [cell_width] * num_periods:
+        lefts.append(lefts[-1] + w)
+    total = lefts[-1]
+    figure = figure_type(figsize=(0.085 * total + 0.4, 0.3 * (len(rows) + 1) + (0.5 if title else 0.2)),
+                         layout="constrained")
+    ax = figure.add_subplot()
+    ax.set_xlim(0, total)
+    ax.set_ylim(len(rows) + 1, 0)
+    ax.axis("off")
+    period_headers = [f"P{p}" for p in range(num_periods)]
+    for col, text in enumerate(headers + period_headers):
+        ax.text(lefts[col] + (0.5 if col < 3 else cell_width / 2), 0.5, text, va="center",
+                ha="left" if col < 3 else "center", fontsize=9, fontweight="bold")
+    ax.axhline(1, color="black", linewidth=0.8)
+    for k, (task, thread, stream, cells) in enumerate(rows):
+        y = k + 1
+        for col, text in enumerate((task, thread, stream)):
+            ax.text(lefts[col] + 0.5, y + 0.5, text, va="center", ha="left", fontsize=9)
+        for p, cell in enumerate(cells):
+            _draw_cell(ax, lefts[3 + p], y, cell_width, cell, colormaps)
+    ax.axvline(lefts[3] - 0.3, color="black", linewidth=0.8)
+    if title:
+        ax.set_title(title, loc="left", fontsize=10)
+    _save(figure, canvas_type, path)
+
+
+def _draw_cell(ax: Any, left: float, y: int, width: float, cell: str, colormaps: Any) -> None:
+    from matplotlib.patches import Rectangle
+
+    box: Dict[str, Any] = {"xy": (left + 0.15, y + 0.1), "width": width - 0.3, "height": 0.8, "linewidth": 0.4}
+    if cell.startswith("i") and cell[1:].isdigit():
+        ax.add_patch(Rectangle(**box, facecolor=iteration_color(colormaps, int(cell[1:])), edgecolor="black"))
+        ax.text(left + width / 2, y + 0.5, cell, va="center", ha="center", fontsize=9)
+    elif cell == ".":
+        ax.add_patch(Rectangle(**box, facecolor="0.9", edgecolor="0.5", hatch=".."))
+    else:
+        ax.text(left + width / 2, y + 0.5, cell, va="center", ha="center", fontsize=9, color="0.6")

@@ -1,0 +1,68 @@
+"""Pictures (src/swpipeline/charts.py): the Gantt chart of a timeline and the period table of a schedule."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine_helpers import ExecLog, sparse_dist_plan
+from swpipeline import DataFlowPipeline, SWPipeline
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def check_png(path: Path, min_colors: int) -> tuple:
+    """Assert ``path`` is a PNG with real content (many distinct colours); returns its (height, width)."""
+    image = pytest.importorskip("matplotlib.image")
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    pixels = image.imread(path)
+    height, width = pixels.shape[:2]
+    assert height > 100 and width > 300
+    colors = {tuple(p) for p in pixels.reshape(-1, pixels.shape[2])[:: 7].round(3).tolist()}
+    assert len(colors) >= min_colors, f"only {len(colors)} colours: the picture looks empty"
+    return height, width
+
+
+@pytest.mark.parametrize("engine", ["SWPipeline", "DataFlowPipeline"])
+def test_gantt_chart_is_a_nontrivial_png(engine: str, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    plan = sparse_dist_plan(ExecLog())
+    pipe = SWPipeline(plan, device="cpu") if engine == "SWPipeline" else DataFlowPipeline(plan, 3, device="cpu")
+    pipe.run(range(12), trace=True)
+    assert pipe.timeline is not None
+    whole, window = tmp_path / "all.png", tmp_path / "deep" / "window.png"
+    pipe.timeline.save_chart(whole)
+    pipe.timeline.save_chart(window, iterations=(2, 5), title="iterations 2 to 5")
+    height, _ = check_png(whole, min_colors=12)  # ten iteration colours, hatching, text
+    assert check_png(window, min_colors=8)[0] == height  # rows: 3 threads + 3 streams either way
+
+
+def test_gantt_chart_rejects_a_window_without_records(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    pipe = SWPipeline(sparse_dist_plan(ExecLog()), device="cpu")
+    pipe.run(range(3), trace=True)
+    assert pipe.timeline is not None
+    with pytest.raises(ValueError, match=r"iterations \(7, 9\): no recorded task ran on them"):
+        pipe.timeline.save_chart(tmp_path / "x.png", iterations=(7, 9))
+    with pytest.raises(ValueError, match="first 2 is after last 1"):
+        pipe.timeline.save_chart(tmp_path / "x.png", iterations=(2, 1))
+
+
+def test_schedule_picture_is_a_nontrivial_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    pipe = SWPipeline(sparse_dist_plan(ExecLog()), device="cpu")
+    pipe.enable_shortcut("ZeroGrad")  # drawn hatched grey
+    path = tmp_path / "schedule.png"
+    pipe.save_schedule_chart(path, 6)
+    check_png(path, min_colors=8)
+    with pytest.raises(ValueError, match="num_periods must be a positive int"):
+        pipe.save_schedule_chart(tmp_path / "bad.png", 0)
+
+
+def test_importing_swpipeline_does_not_import_matplotlib() -> None:
+    code = "import sys, swpipeline; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
