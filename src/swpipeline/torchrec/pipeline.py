@@ -1,0 +1,181 @@
+"""PlannedTrainPipeline: a PipelinePlan behind TorchRec's ``progress(dataloader_iter)``.
+
+One class runs every variant; what differs between variants is the plan and its
+task functions (``plans.py``, ``tasks.py``), never this code. Each call::
+
+    progress(it)   first call: fill_pipeline (periods 0 .. depth-1)
+                   later calls: advance() (period k + depth - 1, drawing one batch)
+                   wait for iteration k, retire it, return its ``ctx.output``
+                   no iteration left: StopIteration
+
+With ``lockstep=True`` (the default, TorchRec's behaviour) nothing of the next
+step starts before the next call, so code between calls (an LR scheduler,
+metrics, a checkpoint, detach()/attach()) sees the model exactly as TorchRec
+would leave it; only tasks on other thread groups than ``default`` (batch
+preparation) may still be running. ``lockstep=False`` enqueues the next step
+before returning, so it overlaps whatever the caller does between calls; the
+caller must then not touch the model, the optimizer or the process group.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Iterator, List, Optional
+
+import torch
+
+from ..plan import IterContext, PipelinePlan
+from .feed import BatchFeed, RankAgreement
+from .model_state import ModelRuntime
+from .stepper import StepwisePipeline
+
+__all__: List[str] = []
+
+logger = logging.getLogger("swpipeline.torchrec")
+
+
+def _output_of(ctx: IterContext) -> Any:
+    return ctx.output
+
+
+class PlannedTrainPipeline:
+    """A TorchRec-compatible train pipeline that runs a PipelinePlan on the clock-driven engine.
+
+    Args:
+        plan: the variant's plan (tasks already bound to ``runtime``).
+        runtime: the model-side state the tasks share (None for plans without a model, e.g. Staged).
+        device: the engine's device (``torch.device("cpu")``, ``torch.device("cuda", rank)``).
+        execute_all_batches: False stops as soon as a step's new batch is missing,
+            leaving the batches in flight unexecuted (TorchRec's option).
+        lockstep: see the module docstring.
+        stop_together: agree with the other ranks on the end of the data (uneven data),
+            on ``stop_together_group`` or a new gloo group.
+        output_of: what progress() returns for a retired iteration (default ``ctx.output``).
+        signal_timeout, progress_timeout: the engine's timeouts (seconds).
+    """
+
+    def __init__(self, plan: PipelinePlan, runtime: Optional[ModelRuntime], device: torch.device, *,
+                 execute_all_batches: bool = True, lockstep: bool = True, stop_together: bool = False,
+                 stop_together_group: Optional[Any] = None, output_of: Callable[[IterContext], Any] = _output_of,
+                 signal_timeout: float = 30.0, progress_timeout: float = 600.0) -> None:
+        self.plan = plan
+        self.runtime = runtime
+        self.execute_all_batches = execute_all_batches
+        self.lockstep = lockstep
+        self._output_of = output_of
+        self._agreement = RankAgreement(stop_together_group) if stop_together else None
+        self.engine = StepwisePipeline(plan, device=device, signal_timeout=signal_timeout,
+                                       progress_timeout=progress_timeout)
+        self._feed: Optional[BatchFeed] = None
+        self._running = False
+        self._failed = False
+        self._stop_next = False
+        self.steps = 0  # outputs returned so far
+
+    # -- TorchRec's API ------------------------------------------------------------------------
+
+    def progress(self, dataloader_iter: Iterator[Any]) -> Any:
+        """Run one training step; returns the model output of the oldest batch in flight.
+
+        Raises:
+            StopIteration: no batch is left (or, with ``execute_all_batches=False``, this
+                step's new batch is missing).
+            RuntimeError: an earlier step failed (call reset()).
+        """
+        if self._failed:
+            raise RuntimeError("progress() after a failed step (its exception was raised then); "
+                               "call reset() to start again")
+        if self.runtime is not None and not self.runtime.attached:
+            self.attach()
+        if not self._running:
+            self._start(dataloader_iter)
+        else:
+            self._follow(dataloader_iter)
+            if self.lockstep:
+                self._advance()
+        if self._stop_next:
+            self._abandon()
+            raise StopIteration
+        try:
+            self.engine.progress_deferred(self._feed)
+        except StopIteration:
+            self._running = False
+            raise
+        except BaseException:
+            self._failed, self._running = True, False
+            raise
+        ctx = self.engine.last_context
+        if ctx is None:  # cannot happen: progress_deferred() just retired an iteration
+            raise RuntimeError("the engine retired an iteration but kept no context")
+        if not self.lockstep:
+            self._advance()
+        self.steps += 1
+        return self._output_of(ctx)
+
+    def _start(self, dataloader_iter: Iterator[Any]) -> None:
+        feed = self._feed
+        if feed is None or feed.source is not dataloader_iter or feed.exhausted:
+            feed = self._feed = BatchFeed(dataloader_iter, self._agreement)
+        self._stop_next = not self.execute_all_batches and not feed.has(self.engine.depth)
+        if not self._stop_next:
+            self.engine.fill_pipeline(feed)
+            self._running = True
+
+    def _follow(self, dataloader_iter: Iterator[Any]) -> None:
+        """TorchRec reads later batches from whatever iterator the latest call passed."""
+        feed = self._feed
+        if feed is not None and feed.source is not dataloader_iter:
+            feed.source, feed.exhausted = dataloader_iter, False
+
+    def _advance(self) -> None:
+        """Enqueue the next step's period, unless its batch is missing and in-flight batches are to be dropped."""
+        feed = self._feed
+        if not self.execute_all_batches and feed is not None and not feed.has(1):
+            self._stop_next = True
+            return
+        self.engine.advance()
+
+    def _abandon(self) -> None:
+        self.engine.abandon()
+        self._running, self._stop_next = False, False
+
+    def reset(self) -> None:
+        """Drop everything in flight (without running it) and forget the iterator."""
+        self._abandon()
+        self._feed, self._failed = None, False
+
+    def detach(self) -> torch.nn.Module:
+        """Give the model its original forwards back (e.g. to evaluate it between steps); returns it.
+
+        In-flight batches are kept: the next progress() re-attaches and carries on.
+        """
+        if self.runtime is None:
+            raise RuntimeError("detach(): this pipeline has no model")
+        return self.runtime.detach()
+
+    def attach(self, model: Optional[torch.nn.Module] = None, sparse_dist: bool = True) -> None:
+        """Pipeline the model again (or a new one) after detach()."""
+        if self.runtime is None:
+            raise RuntimeError("attach(): this pipeline has no model")
+        oldest = self._oldest_in_flight()
+        self.runtime.attach(model, oldest.context if oldest is not None else None,
+                            oldest.batch if oldest is not None and sparse_dist else None)
+
+    def _oldest_in_flight(self) -> Optional[IterContext]:
+        if not self._running:
+            return None
+        for ctx in self.engine.contexts_in_flight():
+            if hasattr(ctx, "context"):
+                return ctx
+        return None
+
+    # -- inspection ---------------------------------------------------------------------------
+
+    def format_schedule(self, num_periods: int) -> str:
+        return self.engine.format_schedule(num_periods)
+
+    def print_schedule(self, num_periods: int) -> None:
+        self.engine.print_schedule(num_periods)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(lockstep={self.lockstep}, steps={self.steps})\n{self.engine!r}"

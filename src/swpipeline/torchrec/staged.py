@@ -1,0 +1,126 @@
+"""StagedTrainPipeline: TorchRec's user-declared stages as a plan, one task per stage.
+
+Stage k of TorchRec's ``PipelineStage`` list becomes task ``stage.name`` at
+stage k on the stage's stream, depending on stage k-1 within the iteration;
+``progress()`` returns the last stage's output for the oldest batch, which the
+caller feeds to its own forward/backward/optimizer, and ``None`` once the data
+is exhausted (TorchRec's convention for this class)::
+
+    3 stages      P0   P1   P2   P3   ...
+    gpu_postproc  --   --   i0   i1          <- progress() #0 returns i0's output
+    data_dist     --   i0   i1   i2
+    data_copy     i0   i1   i2   i3
+
+As in TorchRec, the next step's stages start before progress() returns
+(``lockstep=False``), overlapping the caller's model step; ``fill_callback``
+runs after each stage while the pipeline fills; ``data_exhausted_callback`` runs
+once per stage when the data ends (TorchRec calls it at every step after that);
+``set_flush(True)`` stops drawing batches, and once the batches in flight are
+out ``on_flush_end`` is called and the pipeline refills.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, List, Optional, Sequence
+
+import torch
+
+from ..plan import IterContext, PipelinePlan, PipelineTask, TaskSchedule
+from .pipeline import PlannedTrainPipeline
+
+__all__: List[str] = []
+
+
+class _StageTask:
+    """Runs one PipelineStage on its iteration: stage 0 reads ``ctx.batch``, the others ``ctx.staged``."""
+
+    def __init__(self, index: int, stage: Any, num_stages: int, on_accelerator: bool) -> None:
+        self.index = index
+        self.stage = stage
+        self.num_stages = num_stages
+        self.on_accelerator = on_accelerator
+
+    def __call__(self, ctx: IterContext) -> None:
+        inputs = ctx.batch if self.index == 0 else ctx.staged
+        if self.on_accelerator and self.index > 0:
+            inputs.record_stream(torch.get_device_module(self.stage.stream.device).current_stream())
+        ctx.staged = self.stage.runnable(inputs)
+        if self.stage.fill_callback is not None and ctx.iter_idx + self.index < self.num_stages:
+            self.stage.fill_callback()  # this (iteration, stage) pair runs while the pipeline fills
+
+
+class StagedPipeline(PlannedTrainPipeline):
+    """TorchRec's StagedTrainPipeline calling convention on top of PlannedTrainPipeline."""
+
+    def __init__(self, plan: PipelinePlan, device: torch.device, stages: Sequence[Any],
+                 compute_stream: Optional[Any], on_flush_end: Optional[Callable[[], None]], **swp: Any) -> None:
+        swp.setdefault("lockstep", False)
+        super().__init__(plan, None, device, output_of=self._final_output, **swp)
+        self.stages = list(stages)
+        self.compute_stream = compute_stream
+        self.on_flush_end = on_flush_end
+        self._flushing = False
+
+    def _final_output(self, ctx: IterContext) -> Any:
+        out = ctx.staged
+        if self.compute_stream is not None and out is not None:
+            out.record_stream(self.compute_stream)
+        return out
+
+    def progress(self, dataloader_iter: Iterator[Any]) -> Optional[Any]:
+        """The last stage's output for the oldest batch; ``None`` when the data is exhausted."""
+        try:
+            return super().progress(dataloader_iter)
+        except StopIteration:
+            if self._flushing:
+                self.flush_end()
+                return self.progress(dataloader_iter)
+            return None
+
+    def _start(self, dataloader_iter: Iterator[Any]) -> None:
+        super()._start(dataloader_iter)
+        if self._feed is not None:
+            self._feed.on_exhausted = self._data_exhausted
+
+    def _data_exhausted(self) -> None:
+        for stage in self.stages:
+            if stage.data_exhausted_callback is not None:
+                stage.data_exhausted_callback()
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    def set_flush(self, flush: bool) -> None:
+        """Stop (True) or resume (False) drawing batches; see the module docstring."""
+        self._flushing = flush
+        if self._feed is not None:
+            self._feed.paused = flush
+
+    def flush_end(self) -> None:
+        self.set_flush(False)
+        if self.on_flush_end is not None:
+            self.on_flush_end()
+
+
+def StagedTrainPipeline(pipeline_stages: Sequence[Any], debug_mode: bool = False, compute_stream: Optional[Any] = None,
+                        on_flush_end: Optional[Callable[[], None]] = None, **swp: Any) -> StagedPipeline:
+    """TorchRec's StagedTrainPipeline: ``pipeline_stages`` (TorchRec ``PipelineStage`` objects) as a plan.
+
+    A stage's ``stream`` may be an accelerator stream (then all must be on one device)
+    or ``None``/a CPU stream: on the CPU each stage runs on a lane named after it.
+    """
+    stages = list(pipeline_stages)
+    if not stages:
+        raise ValueError("pipeline_stages is empty: StagedTrainPipeline needs at least one PipelineStage")
+    accel = [s.stream for s in stages if s.stream is not None and s.stream.device.type in ("cuda", "mtia")]
+    device = accel[0].device if accel else torch.device("cpu")
+    if accel and len(accel) != len(stages):
+        raise ValueError("pipeline_stages: give every stage an accelerator stream, or none of them")
+    if compute_stream is None and accel:
+        compute_stream = torch.get_device_module(device).current_stream()
+    tasks = [PipelineTask(stage.name, _StageTask(k, stage, len(stages), bool(accel))) for k, stage in enumerate(stages)]
+    schedule = {task: TaskSchedule(stage=k, stream=stages[k].stream if accel else stages[k].name)
+                for k, task in enumerate(tasks)}
+    plan = PipelinePlan(schedule=schedule, intra_iter_deps=[(tasks[k], tasks[k - 1]) for k in range(1, len(tasks))])
+    return StagedPipeline(plan, device, stages, compute_stream, on_flush_end, **swp)
