@@ -52,7 +52,8 @@ def test_equals_torchrec_step_for_step(ranks: List[Dict[str, Any]], name: str) -
 
 TRAINING = ["TrainPipelineBase", "TrainPipelineSparseDist", "TrainPipelineSparseDistLite",
             "TrainPipelineFusedSparseDist", "PrefetchTrainPipelineSparseDist", "TrainPipelineSemiSync",
-            "Fused/data_dist", "Fused/current", "lockstep=False", "prep_thread", "enqueue_batch_after_forward"]
+            "Fused/data_dist", "Fused/current", "lockstep=False", "caller_thread=False", "prep_thread",
+            "enqueue_batch_after_forward"]
 
 
 @pytest.mark.parametrize("name", TRAINING)

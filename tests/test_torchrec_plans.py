@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
@@ -66,18 +67,20 @@ def _deps(plan: PipelinePlan, kind: str) -> List[Tuple[str, str]]:
     return sorted((t, d) for t, ds in deps.items() for d in ds)
 
 
-# (variant, what differs from seed 001's plan; see plans.py and docs/torchrec.md)
-SAME_AS_SEED = ["Base", "SparseDist", "SparseDistLite", "FusedSparseDist", "Prefetch", "CompAutograd"]
+# What differs from seed 001's plan (see plans.py and docs/torchrec.md)
+SAME_AS_SEED = ["Base", "SparseDistLite", "Prefetch"]
+WAIT_AFTER_FORWARD = ["SparseDist", "FusedSparseDist", "CompAutograd"]  # + (InputDistWait, WaitBatch)
 
 
-@pytest.mark.parametrize("name", SAME_AS_SEED + ["SemiSync", "PT2"])
+@pytest.mark.parametrize("name", SAME_AS_SEED + WAIT_AFTER_FORWARD + ["SemiSync", "PT2"])
 def test_plan_equals_seed_001_except_the_documented_deviations(name: str) -> None:
     ours = pipeline(name).plan
     seed = seed_plans.ALL_BUILDERS[name]()
     assert _rows(ours) == _rows(seed)
-    if name in SAME_AS_SEED:
+    if name in SAME_AS_SEED + WAIT_AFTER_FORWARD:
+        extra = [("InputDistWait", "WaitBatch")] if name in WAIT_AFTER_FORWARD else []
         assert _deps(ours, "intra") == _deps(seed, "intra")
-        assert _deps(ours, "inter") == _deps(seed, "inter")
+        assert _deps(ours, "inter") == sorted(_deps(seed, "inter") + extra)
     elif name == "SemiSync":  # EmbLookup(i) after Forward(i-1), so it precedes EmbBackward(i-1)
         assert _deps(ours, "intra") == _deps(seed, "intra")
         assert _deps(seed, "inter") == [("EmbLookup", "Backward")]
@@ -86,6 +89,14 @@ def test_plan_equals_seed_001_except_the_documented_deviations(name: str) -> Non
         assert _deps(seed, "intra") == []
         assert [t for t in SWPipeline(ours, device="cpu").enqueue_order] == [
             "LoadBatch", "H2D", "InputTransform", "ZeroGrad", "Forward", "Backward", "OptimizerStep"]
+
+
+@pytest.mark.parametrize("name", WAIT_AFTER_FORWARD)
+def test_collectives_are_issued_in_torchrecs_order(name: str) -> None:
+    # TorchRec: InputDistStart(i+1), Forward(i), InputDistWait(i+1), Backward(i)
+    order = [t for t in pipeline(name).engine.enqueue_order
+             if t in ("InputDistStart", "Forward", "InputDistWait", "Backward")]
+    assert order == ["InputDistStart", "Forward", "InputDistWait", "Backward"]
 
 
 def test_semi_sync_looks_up_before_the_previous_embedding_backward() -> None:
@@ -226,6 +237,21 @@ def test_without_lockstep_the_next_step_is_enqueued_before_returning() -> None:
     assert pipe.progress(it) == 0
     assert drain(pipe, it) == [1, 2, 3, 4, 5]
     assert ("S0", 3) in log
+
+
+@pytest.mark.parametrize("lockstep,caller_thread,on_caller", [(True, True, True), (True, False, False),
+                                                              (False, True, False)])
+def test_where_the_default_thread_group_runs(lockstep: bool, caller_thread: bool, on_caller: bool) -> None:
+    threads = set()
+
+    def step(ctx: IterContext) -> None:
+        threads.add(threading.get_ident())
+        ctx.output = ctx.batch
+
+    plan = PipelinePlan(schedule={PipelineTask("Step", step): TaskSchedule()})
+    pipe = swtr.PlannedTrainPipeline(plan, None, CPU, lockstep=lockstep, caller_thread=caller_thread)
+    assert drain(pipe, iter(range(4))) == [0, 1, 2, 3]
+    assert (threads == {threading.get_ident()}) == on_caller
 
 
 def test_later_batches_come_from_the_latest_iterator() -> None:

@@ -112,6 +112,7 @@ def _options(out: Dict[str, Any], trec: Any, ours: Any, batches: List[Any]) -> N
     model, optimizer = build_dlrm()
     out["ref/custom_model_fwd"] = _stack(train_reference(model, optimizer, batches, loss_scale=2.0))
     out["ours/lockstep=False"] = _run(ours.TrainPipelineSparseDist, batches, lockstep=False)
+    out["ours/caller_thread=False"] = _run(ours.TrainPipelineSparseDist, batches, caller_thread=False)
     out["ours/prep_thread"] = _run(ours.TrainPipelineSparseDist, [b for b in batches],
                                    thread_groups={"H2D": "prep"}, prepare_batch=lambda b: b)
     for name in ("TrainPipelineFusedSparseDist", "PrefetchTrainPipelineSparseDist", "TrainPipelineSemiSync"):

@@ -12,7 +12,8 @@ With ``lockstep=True`` (the default, TorchRec's behaviour) nothing of the next
 step starts before the next call, so code between calls (an LR scheduler,
 metrics, a checkpoint, detach()/attach()) sees the model exactly as TorchRec
 would leave it; only tasks on other thread groups than ``default`` (batch
-preparation) may still be running. ``lockstep=False`` enqueues the next step
+preparation) may still be running. The ``default`` group's tasks then run on the
+calling thread itself (``caller_thread``), like TorchRec's step. ``lockstep=False`` enqueues the next step
 before returning, so it overlaps whatever the caller does between calls; the
 caller must then not touch the model, the optimizer or the process group.
 """
@@ -50,14 +51,18 @@ class PlannedTrainPipeline:
         lockstep: see the module docstring.
         stop_together: agree with the other ranks on the end of the data (uneven data),
             on ``stop_together_group`` or a new gloo group.
+        caller_thread: with ``lockstep``, run the ``default`` thread group's tasks on the
+            thread that calls progress(), as TorchRec does (no thread hand-offs); other
+            thread groups keep their worker threads.
         output_of: what progress() returns for a retired iteration (default ``ctx.output``).
         signal_timeout, progress_timeout: the engine's timeouts (seconds).
     """
 
     def __init__(self, plan: PipelinePlan, runtime: Optional[ModelRuntime], device: torch.device, *,
                  execute_all_batches: bool = True, lockstep: bool = True, stop_together: bool = False,
-                 stop_together_group: Optional[Any] = None, output_of: Callable[[IterContext], Any] = _output_of,
-                 signal_timeout: float = 30.0, progress_timeout: float = 600.0) -> None:
+                 stop_together_group: Optional[Any] = None, caller_thread: bool = True,
+                 output_of: Callable[[IterContext], Any] = _output_of, signal_timeout: float = 30.0,
+                 progress_timeout: float = 600.0) -> None:
         self.plan = plan
         self.runtime = runtime
         self.execute_all_batches = execute_all_batches
@@ -65,7 +70,8 @@ class PlannedTrainPipeline:
         self._output_of = output_of
         self._agreement = RankAgreement(stop_together_group) if stop_together else None
         self.engine = StepwisePipeline(plan, device=device, signal_timeout=signal_timeout,
-                                       progress_timeout=progress_timeout)
+                                       progress_timeout=progress_timeout,
+                                       caller_group="default" if lockstep and caller_thread else None)
         self._feed: Optional[BatchFeed] = None
         self._running = False
         self._failed = False

@@ -12,6 +12,10 @@ order (docs/torchrec.md explains each):
   With the seed's pair the ready-first order puts ``EmbLookup(i)`` after
   ``EmbBackward(i-1)`` (a tie broken by name), which is synchronous training;
   TorchRec's semi-sync looks batch i up *before* batch i-1's embedding backward.
+* SparseDist, FusedSparseDist, CompAutograd: ``InputDistWait(i)`` after
+  ``WaitBatch(i-1)``, an ordering pair that puts InputDistWait(i+1) right after
+  Forward(i) as in TorchRec (and in seed 001's step list); the seed's pairs alone
+  put it before Forward(i), where its wait for the splits cannot overlap anything.
 * ``enqueue_batch_after_forward``: H2D(i) then runs after Forward(i-1), so it
   moves to stage 1 (the engine's dependencies reach one iteration back; TorchRec
   copies batch i+2 after forward i, two back).
@@ -99,7 +103,12 @@ _SPARSE_DIST_INTRA: Tuple[Pair, ...] = (
     ("Forward", "InputDistWait"), ("WaitBatch", "ZeroGrad"),
 ) + _STEP
 
-SPARSE_DIST = PlanSpec(tasks=_SPARSE_DIST_TASKS, intra=_SPARSE_DIST_INTRA, inter=(("Forward", "OptimizerStep"),))
+# InputDistWait(i) after WaitBatch(i-1): an ordering pair. It puts InputDistWait(i+1) right after Forward(i)
+# in the period, TorchRec's order, so the splits all-to-all of batch i+1 overlaps the forward of batch i.
+_WAIT_AFTER_FORWARD: Tuple[Pair, ...] = (("InputDistWait", "WaitBatch"),)
+
+SPARSE_DIST = PlanSpec(tasks=_SPARSE_DIST_TASKS, intra=_SPARSE_DIST_INTRA,
+                       inter=(("Forward", "OptimizerStep"),) + _WAIT_AFTER_FORWARD)
 
 SPARSE_DIST_LITE = PlanSpec(
     tasks=(("H2D", 0, "memcpy", False), ("ZeroGrad", 1, None, False), ("WaitBatch", 1, None, False),
@@ -118,7 +127,7 @@ FUSED_SPARSE_DIST = PlanSpec(
            ("Backward", 2, None, False), ("OptimizerStep", 2, None, False)),
     intra=(("InputDistStart", "H2D"), ("InputDistWait", "InputDistStart"), ("EmbLookup", "InputDistWait"),
            ("Forward", "EmbLookup"), ("WaitBatch", "ZeroGrad")) + _STEP,
-    inter=(("EmbLookup", "Backward"), ("Forward", "OptimizerStep")),
+    inter=(("EmbLookup", "Backward"), ("Forward", "OptimizerStep")) + _WAIT_AFTER_FORWARD,
 )
 
 SEMI_SYNC = PlanSpec(
@@ -160,7 +169,7 @@ EVAL_FUSED_SPARSE_DIST = PlanSpec(
 
 COMP_AUTOGRAD = PlanSpec(
     tasks=tuple((n, s, r, False) for n, s, r, _ in _SPARSE_DIST_TASKS),
-    intra=_SPARSE_DIST_INTRA, inter=(("Forward", "OptimizerStep"),),
+    intra=_SPARSE_DIST_INTRA, inter=(("Forward", "OptimizerStep"),) + _WAIT_AFTER_FORWARD,
 )
 
 SPECS: Dict[str, PlanSpec] = {

@@ -10,6 +10,8 @@ swpipeline's own keyword options:
 
 * ``lockstep`` (True): TorchRec's step boundary; False lets the next step run
   while the caller is between calls.
+* ``caller_thread`` (True): with lockstep, the ``default`` thread group runs on
+  the thread calling progress(), as TorchRec's step (no thread hand-offs).
 * ``stop_together`` (False) / ``stop_together_group``: all ranks end their data
   at the same batch (uneven data; see ``feed.py``).
 * ``prepare_batch``: a function applied to each item the iterator yields inside
@@ -36,8 +38,8 @@ from .tasks import SemiSync, TaskOptions, TrainTasks
 __all__: List[str] = []
 
 _MOVABLE = {"H2D", "LoadBatch"}
-_SWP_OPTIONS = {"lockstep", "stop_together", "stop_together_group", "prepare_batch", "thread_groups",
-                "signal_timeout", "progress_timeout"}
+_SWP_OPTIONS = {"lockstep", "caller_thread", "stop_together", "stop_together_group", "prepare_batch",
+                "thread_groups", "signal_timeout", "progress_timeout"}
 
 
 def _make(spec: PlanSpec, runtime: ModelRuntime, options: TaskOptions, *, execute_all_batches: bool = True,
