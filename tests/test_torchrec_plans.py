@@ -296,3 +296,48 @@ def test_batch_feed_looks_ahead_pauses_and_reports_the_end() -> None:
 def test_import_swpipeline_does_not_import_torchrec() -> None:
     code = "import sys, swpipeline; assert 'torchrec' not in sys.modules, 'torchrec imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_failing_iterator_is_an_error_not_the_end_of_the_data() -> None:
+    def batches() -> Any:
+        yield 0
+        yield 1
+        raise OSError("disk gone")
+
+    pipe = toy(2, [])
+    it = batches()
+    with pytest.raises(OSError, match="disk gone"):
+        drain(pipe, it)
+    with pytest.raises(RuntimeError, match="call reset"):
+        pipe.progress(it)
+
+
+def test_an_exhausted_iterator_is_not_asked_again() -> None:
+    calls = []
+
+    class Counting:
+        def __iter__(self) -> "Counting":
+            return self
+
+        def __next__(self) -> int:
+            calls.append(1)
+            raise StopIteration
+
+    pipe, it = toy(2, []), Counting()
+    for _ in range(3):
+        with pytest.raises(StopIteration):
+            pipe.progress(it)
+    assert len(calls) == 1
+
+
+def test_public_names() -> None:
+    assert set(swtr.__all__) == {
+        "EvalPipelineFusedSparseDist", "EvalPipelineSparseDist", "PLAN_SPECS", "PlanSpec", "PlannedTrainPipeline",
+        "PrefetchTrainPipelineSparseDist", "RankAgreement", "StagedPipeline", "StagedTrainPipeline",
+        "TrainPipelineBase", "TrainPipelineFusedSparseDist", "TrainPipelinePT2", "TrainPipelineSemiSync",
+        "TrainPipelineSparseDist", "TrainPipelineSparseDistCompAutograd", "TrainPipelineSparseDistLite"}
+    import importlib
+
+    for mod in ("blocks", "compiled", "feed", "model_state", "pipeline", "plans", "staged", "stepper", "tasks",
+                "variants"):
+        assert importlib.import_module(f"swpipeline.torchrec.{mod}").__all__ == []

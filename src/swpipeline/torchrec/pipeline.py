@@ -93,34 +93,36 @@ class PlannedTrainPipeline:
                                "call reset() to start again")
         if self.runtime is not None and not self.runtime.attached:
             self.attach()
-        if not self._running:
-            self._start(dataloader_iter)
-        else:
-            self._follow(dataloader_iter)
-            if self.lockstep:
-                self._advance()
-        if self._stop_next:
-            self._abandon()
-            raise StopIteration
         try:
+            if not self._running:
+                self._start(dataloader_iter)
+            else:
+                self._follow(dataloader_iter)
+                if self.lockstep:
+                    self._advance()
+            if self._stop_next:
+                self._abandon()
+                raise StopIteration
             self.engine.progress_deferred(self._feed)
+            ctx = self.engine.last_context
+            if ctx is None:  # cannot happen: progress_deferred() just retired an iteration
+                raise RuntimeError("the engine retired an iteration but kept no context")
+            if not self.lockstep:
+                self._advance()
         except StopIteration:
             self._running = False
             raise
         except BaseException:
             self._failed, self._running = True, False
             raise
-        ctx = self.engine.last_context
-        if ctx is None:  # cannot happen: progress_deferred() just retired an iteration
-            raise RuntimeError("the engine retired an iteration but kept no context")
-        if not self.lockstep:
-            self._advance()
         self.steps += 1
         return self._output_of(ctx)
 
     def _start(self, dataloader_iter: Iterator[Any]) -> None:
         feed = self._feed
-        if feed is None or feed.source is not dataloader_iter or feed.exhausted:
+        if feed is not None and feed.source is dataloader_iter and feed.exhausted:
+            raise StopIteration  # as TorchRec: never call next() on an iterator known to be exhausted
+        if feed is None or feed.source is not dataloader_iter:
             feed = self._feed = BatchFeed(dataloader_iter, self._agreement)
         self._stop_next = not self.execute_all_batches and not feed.has(self.engine.depth)
         if not self._stop_next:
@@ -157,6 +159,9 @@ class PlannedTrainPipeline:
         """
         if self.runtime is None:
             raise RuntimeError("detach(): this pipeline has no model")
+        if self._running and not self.lockstep:
+            raise RuntimeError("detach() while the next step runs (lockstep=False); use lockstep=True to "
+                               "detach between steps, or reset() first")
         return self.runtime.detach()
 
     def attach(self, model: Optional[torch.nn.Module] = None, sparse_dist: bool = True) -> None:
