@@ -8,8 +8,9 @@ anything else a test checks. The tests compare them in the parent process.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -129,36 +130,49 @@ def _short_data(out: Dict[str, Any], trec: Any, ours: Any, rank: int) -> None:
                 out[f"{lib}/short/{count}/{execute_all}"] = result
 
 
-def _staged(out: Dict[str, Any], ours: Any, batches: List[Any]) -> None:
+def _halve(batch: Any) -> Any:
     from torchrec.datasets.utils import Batch
+
+    return Batch(dense_features=batch.dense_features * 0.5, sparse_features=batch.sparse_features,
+                 labels=batch.labels)
+
+
+def _train_staged(staged: Callable[..., Any], batches: List[Any], stream: Any = None,
+                  **kwargs: Any) -> Tuple[Optional[torch.Tensor], Dict[str, int]]:
+    """Train on what a 2-stage StagedTrainPipeline (copy, halve the dense features) returns; logits and callbacks."""
     from torchrec.distributed.train_pipeline.pipeline_stage import PipelineStage
 
     calls: Dict[str, int] = {"fill": 0, "exhausted": 0}
 
-    def halve(batch: Any) -> Any:
-        return Batch(dense_features=batch.dense_features * 0.5, sparse_features=batch.sparse_features,
-                     labels=batch.labels)
-
     def count(key: str) -> Callable[[], None]:
         return lambda: calls.__setitem__(key, calls[key] + 1)
 
-    stages = [PipelineStage(name="data_copy", runnable=lambda b: b.to(CPU), stream=None, fill_callback=count("fill")),
-              PipelineStage(name="halve", runnable=halve, stream=None, data_exhausted_callback=count("exhausted"))]
-    pipeline = ours.StagedTrainPipeline(stages)
+    stages = [PipelineStage(name="data_copy", runnable=lambda b: b.to(CPU), stream=stream, fill_callback=count("fill")),
+              PipelineStage(name="halve", runnable=_halve, stream=stream, data_exhausted_callback=count("exhausted"))]
+    pipeline = staged(stages, **kwargs)
     model, optimizer = build_dlrm()
-    staged_logits = []
+    outputs = []
     it = iter(batches)
     while (batch := pipeline.progress(it)) is not None:
         optimizer.zero_grad()
         loss, output = model(batch)
         loss.backward()
         optimizer.step()
-        staged_logits.append(logits(output))
+        outputs.append(logits(output))
+    return _stack(outputs), dict(calls)
+
+
+def _staged(out: Dict[str, Any], ours: Any, batches: List[Any]) -> None:
+    out["ours/Staged"], out["ours/Staged/callbacks"] = _train_staged(ours.StagedTrainPipeline, batches)
     model, optimizer = build_dlrm()
-    out["ours/Staged"] = _stack(staged_logits)
-    out["ref/Staged"] = _stack(train_reference(model, optimizer, [halve(b) for b in batches]))
-    out["ours/Staged/callbacks"] = dict(calls)
-    out["ours/Staged/table"] = pipeline.format_schedule(4)
+    out["ref/Staged"] = _stack(train_reference(model, optimizer, [_halve(b) for b in batches]))
+    out["ours/Staged/table"] = ours.StagedTrainPipeline([_stage_named("data_copy"), _stage_named("halve")]).format_schedule(4)
+
+
+def _stage_named(name: str) -> Any:
+    from torchrec.distributed.train_pipeline.pipeline_stage import PipelineStage
+
+    return PipelineStage(name=name, runnable=lambda b: b, stream=None)
 
 
 def compiled(rank: int, world_size: int) -> Dict[str, Any]:
@@ -201,4 +215,52 @@ def uneven(rank: int, world_size: int) -> Dict[str, Any]:
     out["prep_thread"] = _run(ours.TrainPipelineSparseDist, mine, stop_together=True, thread_groups={"H2D": "prep"})
     out["execute_all_batches=False"] = _run(ours.TrainPipelineSparseDist, mine, stop_together=True,
                                             execute_all_batches=False)
+    return out
+
+
+class _HostStream:
+    """A stand-in "stream" for TorchRec code that wants one on the CPU (has a device, waits on nothing)."""
+
+    device = torch.device("cpu")
+
+    def wait_stream(self, other: Any) -> None:
+        return None
+
+
+def _install_cpu_shim() -> None:
+    """Let TorchRec's accelerator-only pipelines run on the CPU in this process (test only).
+
+    Two stream calls are meaningless on the CPU and fail there: ``Tensor.record_stream``
+    with a CPU stream, and ``torch.cuda.current_stream()`` in a CPU build. Both become
+    no-ops; nothing else about TorchRec's pipelines changes.
+    """
+    setattr(torch.Tensor, "record_stream", lambda self, stream: None)
+    setattr(torch.cuda, "current_stream", torch.cpu.current_stream)
+
+
+def torchrec_with_cpu_shim(rank: int, world_size: int) -> Dict[str, Any]:
+    """TorchRec's Fused, SemiSync, Prefetch and EvalFused, made to run on the CPU by a two-line shim, vs ours."""
+    _install_cpu_shim()
+    import torchrec.distributed.train_pipeline.train_pipelines as trec
+
+    import swpipeline.torchrec as ours
+
+    batches = make_batches(rank, NUM_BATCHES)
+    out: Dict[str, Any] = {}
+    runs = [("TrainPipelineFusedSparseDist", {}), ("TrainPipelineFusedSparseDist", {"execute_all_batches": False}),
+            ("TrainPipelineSemiSync", {"start_batch": 3}),
+            ("TrainPipelineSemiSync", {"start_batch": 3, "stash_gradients": True}),
+            ("PrefetchTrainPipelineSparseDist", {}), ("EvalPipelineFusedSparseDist", {})]
+    for name, kwargs in runs:
+        key = f"{name}{kwargs}"
+        model, optimizer = build_dlrm()
+        theirs = getattr(trec, name)(model, optimizer, CPU, **kwargs)
+        if name == "PrefetchTrainPipelineSparseDist":  # TorchRec skips the prefetch without a data-dist stream
+            theirs._data_dist_stream = _HostStream()
+            theirs._stream_context = lambda stream: contextlib.nullcontext()
+        out[f"torchrec/{key}"] = _stack(drive(theirs, batches))
+        out[f"ours/{key}"] = _run(getattr(ours, name), batches, **kwargs)
+    for lib, staged in (("torchrec", trec.StagedTrainPipeline), ("ours", ours.StagedTrainPipeline)):
+        out[f"{lib}/StagedTrainPipeline"], out[f"{lib}/StagedTrainPipeline/callbacks"] = _train_staged(
+            staged, batches, stream=_HostStream(), compute_stream=_HostStream())
     return out
