@@ -341,3 +341,17 @@ def test_public_names() -> None:
     for mod in ("blocks", "compiled", "feed", "model_state", "pipeline", "plans", "staged", "stepper", "tasks",
                 "variants"):
         assert importlib.import_module(f"swpipeline.torchrec.{mod}").__all__ == []
+
+
+def test_staged_on_the_cpu_takes_cpu_streams_or_none() -> None:
+    from torchrec.distributed.train_pipeline.pipeline_stage import PipelineStage
+
+    stages = [PipelineStage("double", lambda x: 2 * x, torch.cpu.Stream()),
+              PipelineStage("inc", lambda x: x + 1, None)]
+    pipe = swtr.StagedTrainPipeline(stages)
+    it = iter(range(5))
+    outs = []
+    while (out := pipe.progress(it)) is not None:
+        outs.append(out)
+    assert outs == [1, 3, 5, 7, 9]
+    assert pipe.progress(it) is None

@@ -113,7 +113,8 @@ def StagedTrainPipeline(pipeline_stages: Sequence[Any], debug_mode: bool = False
     stages = list(pipeline_stages)
     if not stages:
         raise ValueError("pipeline_stages is empty: StagedTrainPipeline needs at least one PipelineStage")
-    accel = [s.stream for s in stages if s.stream is not None and s.stream.device.type in ("cuda", "mtia")]
+    accel = [s.stream for s in stages
+             if getattr(getattr(s.stream, "device", None), "type", "cpu") in ("cuda", "mtia")]
     device = accel[0].device if accel else torch.device("cpu")
     if accel and len(accel) != len(stages):
         raise ValueError("pipeline_stages: give every stage an accelerator stream, or none of them")
