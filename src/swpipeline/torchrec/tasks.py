@@ -58,7 +58,6 @@ class TaskOptions:
     """How the shared task functions behave in one variant."""
 
     data_dist_role: Optional[str] = "data_dist"
-    emb_lookup_role: Optional[str] = "emb_lookup"
     pipelined: bool = True  # the model was rewritten: set the module context before forward
     non_blocking_copy: bool = True
     inplace_copy: bool = False
