@@ -114,13 +114,17 @@ def swp_threads() -> List[str]:
 
 def drive(pipe: Any, data: Iterable[Any]) -> List[int]:
     """fill_pipeline + progress until StopIteration; returns the retired iteration indices."""
-    it = pipe.fill_pipeline(data)
-    retired = []
+    return progress_until_stop(pipe, pipe.fill_pipeline(data))
+
+
+def progress_until_stop(pipe: Any, it: Any) -> List[Any]:
+    """Call ``pipe.progress(it)`` until StopIteration; returns what each call returned."""
+    results = []
     while True:
         try:
-            retired.append(pipe.progress(it))
+            results.append(pipe.progress(it))
         except StopIteration:
-            return retired
+            return results
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:

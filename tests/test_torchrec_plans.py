@@ -20,6 +20,7 @@ pytest.importorskip("torchrec")
 import torch  # noqa: E402
 
 import seed_plans  # noqa: E402
+from engine_helpers import progress_until_stop  # noqa: E402
 import swpipeline.torchrec as swtr  # noqa: E402
 from swpipeline import IterContext, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule  # noqa: E402
 from swpipeline.torchrec.feed import BatchFeed  # noqa: E402
@@ -196,13 +197,7 @@ def toy(depth: int, log: List[Tuple[str, int]]) -> PlannedTrainPipeline:
 PlannedTrainPipeline = swtr.PlannedTrainPipeline
 
 
-def drain(pipe: Any, it: Any) -> List[Any]:
-    outputs = []
-    while True:
-        try:
-            outputs.append(pipe.progress(it))
-        except StopIteration:
-            return outputs
+drain = progress_until_stop
 
 
 @pytest.mark.parametrize("count", [0, 1, 2, 3, 4, 7])
