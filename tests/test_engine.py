@@ -358,3 +358,46 @@ def test_worker_init_failure_fails_the_pipeline() -> None:
     with pytest.raises(OSError, match="cannot pin"):
         pipe.run(range(4))
     assert swp_threads() == []
+
+
+def test_caller_thread_group_runs_on_the_thread_that_calls_progress() -> None:
+    log = ExecLog()
+    pipe = SWPipeline(sparse_dist_plan(log), device="cpu", caller_thread_group="default")
+    assert drive(pipe, range(6)) == list(range(6))
+    main = threading.current_thread().name
+    assert log.threads_of("Forward") == {main} and log.threads_of("H2D") == {"swp-io"}
+    assert len(swp_threads()) == 0
+    with pytest.raises(ValueError, match=r"caller_thread_group='gpu' is not a thread group of the plan"):
+        SWPipeline(sparse_dist_plan(log), device="cpu", caller_thread_group="gpu")
+
+
+def test_progress_without_advance_holds_the_next_period_back() -> None:
+    # With every task on the caller's thread, work happens only inside progress(): the log is exact.
+    log = ExecLog()
+    pipe = SWPipeline(sparse_dist_plan(log, single_group=True), device="cpu", caller_thread_group="default")
+    it = pipe.fill_pipeline(range(5))
+    assert log.starts() == []  # fill only queued periods 0-2
+    assert pipe.progress(it, advance=False) == 0
+    ran = len(log.starts())
+    assert ran == 1 + 3 + 8 and [c.iter_idx for c in pipe.contexts_in_flight()] == [1, 2]
+    with pytest.raises(RuntimeError, match=r"call advance\(\) first"):
+        pipe.progress(it)
+    pipe.advance()  # period 3 enqueued (batch 3 fetched), not yet run
+    assert len(log.starts()) == ran and [c.iter_idx for c in pipe.contexts_in_flight()] == [1, 2, 3]
+    assert pipe.progress(it) == 1
+    assert log.starts()[ran:] == [("H2D", 3), ("InputDistStart", 2), ("ZeroGrad", 1), ("InputDistWait", 2),
+                                  ("WaitBatch", 1), ("Forward", 1), ("Backward", 1), ("OptimizerStep", 1)]
+    pipe.drain()
+    assert sorted(i for t, i in log.starts() if t == "OptimizerStep") == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("caller", [None, "default"])
+def test_abandon_drops_in_flight_iterations(caller: Any) -> None:
+    log = ExecLog()
+    pipe = SWPipeline(sparse_dist_plan(log), device="cpu", caller_thread_group=caller)
+    it = pipe.fill_pipeline(range(100))
+    assert pipe.progress(it) == 0
+    pipe.abandon()
+    assert swp_threads() == [] and pipe.contexts_in_flight() == []
+    assert not any(t == "OptimizerStep" and i >= 3 for t, i in log.starts())
+    assert drive(pipe, range(2)) == [0, 1]

@@ -333,7 +333,7 @@ def test_public_names() -> None:
         "TrainPipelineSparseDist", "TrainPipelineSparseDistCompAutograd", "TrainPipelineSparseDistLite"}
     import importlib
 
-    for mod in ("blocks", "compiled", "feed", "model_state", "pipeline", "plans", "staged", "stepper", "tasks",
+    for mod in ("blocks", "compiled", "feed", "model_state", "pipeline", "plans", "staged", "tasks",
                 "variants"):
         assert importlib.import_module(f"swpipeline.torchrec.{mod}").__all__ == []
 

@@ -51,7 +51,7 @@ from .shortcut import ShortcutTable
 from .signals import CompletionBoard, SubmissionSequencer
 from .stats import RunStats
 from .timeline import Recorder, Timeline, TraceSpec, parse_trace
-from .worker import Worker
+from .worker import InlineWorker, Worker, WorkerLike
 
 __all__: List[str] = []
 
@@ -85,7 +85,9 @@ class _PipelineBase:
         self._board = CompletionBoard([t.name for t in self._tasks])
         self._sequencer = SubmissionSequencer()
         self._shortcuts = ShortcutTable(plan.tasks)
-        self._workers: Dict[str, Worker] = {}
+        self._workers: Dict[str, WorkerLike] = {}
+        self._caller_group: Optional[str] = None  # a thread group run by the caller of progress()
+        self._inline_worker: Optional[InlineWorker] = None
         self._error_lock = threading.Lock()
         self._nvtx = False
         self._tracing = False  # record a timeline at the next fill (run(trace=...), tracing())
@@ -105,6 +107,7 @@ class _PipelineBase:
         self._num_created = 0
         self._exhausted = False
         self._last_ctx: Optional[IterContext] = None
+        self._deferred: Optional[Tuple[int, Optional[Iterator[Any]]]] = None  # see progress(advance=False)
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -134,11 +137,13 @@ class _PipelineBase:
         self._do_fill(it)
         return it
 
-    def progress(self, data_iter: Optional[Iterator[Any]] = None) -> int:
+    def progress(self, data_iter: Optional[Iterator[Any]] = None, *, advance: bool = True) -> int:
         """Retire the oldest in-flight iteration and advance; returns its iter_idx.
 
         Args:
             data_iter: where the next batch comes from; ``None`` retires without fetching.
+            advance: False retires only: nothing new starts until ``advance()`` is called,
+                so the caller may touch the model in between (TorchRec's step boundary).
 
         Raises:
             StopIteration: no iteration is left in flight (the worker threads are then joined).
@@ -148,14 +153,41 @@ class _PipelineBase:
         """
         if self._state != "running":
             self._raise_not_running()
+        if self._deferred is not None:
+            raise RuntimeError("progress() while the last progress(advance=False) has not been followed by "
+                               "advance(); call advance() first")
         oldest = self._next_retire
         if oldest >= self._num_created:
             self._stop_workers()
             self._state = "finished"
             raise StopIteration
+        if self._inline_worker is not None:
+            self._inline_worker.run_queued()
         self._wait_retire(oldest)
-        self._do_retire(oldest, data_iter)
+        if advance:
+            self._do_retire(oldest, data_iter)
+        else:
+            self._deferred = (oldest, data_iter)
         return oldest
+
+    def advance(self, fetch: bool = True) -> None:
+        """Start what the last ``progress(advance=False)`` held back (its batch too, unless ``fetch`` is False)."""
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None and self._state == "running":
+            oldest, data_iter = deferred
+            self._do_retire(oldest, data_iter if fetch else None)
+
+    def abandon(self) -> None:
+        """Stop now without running the iterations in flight (their batches are dropped); ready for a new fill."""
+        self._board.abort()
+        self._sequencer.abort()
+        self._stop_workers()
+        self.device.synchronize()
+        self._reset_state()
+
+    def contexts_in_flight(self) -> List[IterContext]:
+        """The IterContexts of the iterations in flight, oldest first."""
+        return [self._contexts[i] for i in sorted(self._contexts)]
 
     def drain(self) -> None:
         """Retire every in-flight iteration, stop and join the workers, and reset for a new fill.
@@ -163,6 +195,7 @@ class _PipelineBase:
         Shortcut settings and caches are kept. After a failure it only cleans up.
         """
         try:
+            self.advance(fetch=False)
             if self._state == "running":
                 while True:
                     try:
@@ -417,8 +450,13 @@ class _PipelineBase:
             run_unit = partial(self._run_unit_recorded, self._recorder)
         self._workers = {
             g: Worker(g, run_unit, self._on_worker_error, self._is_aborted, partial(enter_thread, g))
-            for g in self._groups
+            for g in self._groups if g != self._caller_group
         }
+        self._inline_worker = None
+        if self._caller_group is not None:
+            self._inline_worker = InlineWorker(self._caller_group, run_unit, self._on_worker_error,
+                                               self._is_aborted)
+            self._workers[self._caller_group] = self._inline_worker
 
     def _new_recorder(self) -> Recorder:
         device = self.device

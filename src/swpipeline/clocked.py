@@ -46,19 +46,28 @@ class SWPipeline(_PipelineBase):
         progress_timeout: seconds progress() may wait for the oldest iteration (default 60).
         worker_init: called as ``worker_init(thread_group)`` at the start of each worker thread
             (e.g. to pin a compute thread to a core); an exception fails the pipeline.
+        caller_thread_group: a thread group whose tasks run on the thread that calls
+            ``progress()`` (each call first runs what was queued for it) instead of on a worker
+            thread: no hand-off at all for that group. The order and deadlock argument are the
+            same as for a worker; ``worker_init`` is not called for it.
 
     Raises:
         TypeError, ValueError: the plan breaks a stage rule or an argument is invalid.
     """
 
     def __init__(self, plan: PipelinePlan, device: DeviceSpec = None, *, signal_timeout: float = 30.0,
-                 progress_timeout: float = 60.0, worker_init: Optional[Callable[[str], None]] = None) -> None:
+                 progress_timeout: float = 60.0, worker_init: Optional[Callable[[str], None]] = None,
+                 caller_thread_group: Optional[str] = None) -> None:
         if not isinstance(plan, PipelinePlan):
             raise TypeError(f"plan must be a PipelinePlan, got {type(plan).__name__}")
         ordering.validate_stages(plan)
         self.depth: int = plan.depth
         super().__init__(plan, self.depth, device, signal_timeout=signal_timeout,
                          progress_timeout=progress_timeout, worker_init=worker_init)
+        if caller_thread_group is not None and caller_thread_group not in self._groups:
+            raise ValueError(f"caller_thread_group={caller_thread_group!r} is not a thread group of the plan "
+                             f"(its groups: {self._groups})")
+        self._caller_group = caller_thread_group
         streams = {t.name: t.stream for t in self._tasks}
         self._enqueue_order = [self._by_name[n] for n in ordering.enqueue_order(plan, streams)]
 

@@ -10,12 +10,13 @@ thread that stops it can always join it.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import logging
 import queue
 import sys
 import threading
-from typing import Any, Callable, List, Sequence, Tuple
+from typing import Any, Callable, Deque, List, Sequence, Tuple, Union
 
 __all__: List[str] = []
 
@@ -99,3 +100,49 @@ class Worker:
                 except BaseException as exc:
                     self._on_error(exc, unit)
                     break
+
+
+class InlineWorker:
+    """A thread group whose units run on the thread that calls ``progress()``, not on a worker thread.
+
+    Units queue up as for a ``Worker``; ``run_queued()`` runs them in order, stopping at
+    the first failure (reported through ``on_error``) exactly as a worker thread does.
+    """
+
+    def __init__(self, group: str, run_unit: Callable[..., None],
+                 on_error: Callable[[BaseException, Unit], None], is_aborted: Callable[[], bool]) -> None:
+        self.group = group
+        self._queue: Deque[Sequence[Unit]] = collections.deque()
+        self._run_unit = run_unit
+        self._on_error = on_error
+        self._is_aborted = is_aborted
+
+    def put(self, units: Sequence[Unit]) -> None:
+        self._queue.append(units)
+
+    def run_queued(self) -> None:
+        queue = self._queue
+        while queue:
+            for unit in queue.popleft():
+                if self._is_aborted():
+                    queue.clear()
+                    return
+                try:
+                    self._run_unit(*unit)
+                except BaseException as exc:
+                    self._on_error(exc, unit)
+                    queue.clear()
+                    return
+
+    def stop(self) -> None:
+        self._queue.clear()
+
+    def join(self, timeout: float) -> bool:
+        return True
+
+    @property
+    def alive(self) -> bool:
+        return False
+
+
+WorkerLike = Union[Worker, InlineWorker]

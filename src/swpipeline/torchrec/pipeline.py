@@ -13,7 +13,7 @@ step starts before the next call, so code between calls (an LR scheduler,
 metrics, a checkpoint, detach()/attach()) sees the model exactly as TorchRec
 would leave it; only tasks on other thread groups than ``default`` (batch
 preparation) may still be running. The ``default`` group's tasks then run on the
-calling thread itself (``caller_thread``), like TorchRec's step. ``lockstep=False`` enqueues the next step
+calling thread itself (the engine's ``caller_thread_group``), like TorchRec's step. ``lockstep=False`` enqueues the next step
 before returning, so it overlaps whatever the caller does between calls; the
 caller must then not touch the model, the optimizer or the process group.
 """
@@ -28,7 +28,7 @@ import torch
 from ..plan import IterContext, PipelinePlan
 from .feed import BatchFeed, RankAgreement
 from .model_state import ModelRuntime
-from .stepper import StepwisePipeline
+from ..clocked import SWPipeline
 
 __all__: List[str] = []
 
@@ -69,9 +69,9 @@ class PlannedTrainPipeline:
         self.lockstep = lockstep
         self._output_of = output_of
         self._agreement = RankAgreement(stop_together_group) if stop_together else None
-        self.engine = StepwisePipeline(plan, device=device, signal_timeout=signal_timeout,
-                                       progress_timeout=progress_timeout,
-                                       caller_group="default" if lockstep and caller_thread else None)
+        self.engine = SWPipeline(plan, device=device, signal_timeout=signal_timeout,
+                                 progress_timeout=progress_timeout,
+                                 caller_thread_group="default" if lockstep and caller_thread else None)
         self._feed: Optional[BatchFeed] = None
         self._running = False
         self._failed = False
@@ -103,9 +103,9 @@ class PlannedTrainPipeline:
             if self._stop_next:
                 self._abandon()
                 raise StopIteration
-            self.engine.progress_deferred(self._feed)
+            self.engine.progress(self._feed, advance=False)
             ctx = self.engine.last_context
-            if ctx is None:  # cannot happen: progress_deferred() just retired an iteration
+            if ctx is None:  # cannot happen: progress() just retired an iteration
                 raise RuntimeError("the engine retired an iteration but kept no context")
             if not self.lockstep:
                 self._advance()
