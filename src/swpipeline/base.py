@@ -37,10 +37,9 @@ import time
 from functools import partial
 from typing import Any, Callable, Dict, Iterable, Iterator, List, NoReturn, Optional, Tuple
 
-
-from . import ordering
 import torch
 
+from . import ordering
 from .annotations import emit_nvtx_context, profiler_active, resolve_emit_nvtx, run_annotated
 from .device import DeviceSpec, resolve_device
 from .errors import PipelineAborted, ProgressTimeoutError, annotate
@@ -179,8 +178,7 @@ class _PipelineBase:
 
     def abandon(self) -> None:
         """Stop now without running the iterations in flight (their batches are dropped); ready for a new fill."""
-        self._board.abort()
-        self._sequencer.abort()
+        self._wake_all_waiters()
         self._stop_workers()
         self.device.synchronize()
         self._reset_state()
@@ -482,22 +480,26 @@ class _PipelineBase:
             return
         if unit:
             annotate(exc, unit[0].name, unit[1].iter_idx)
-        with self._error_lock:
-            if self._error is None:
-                self._error = exc
-        self._board.abort()
-        self._sequencer.abort()
+        self._record_failure(exc)
 
     def _fail(self, exc: BaseException) -> NoReturn:
         """Stop everything, join the workers, and raise ``exc`` in the caller."""
-        with self._error_lock:
-            if self._error is None:
-                self._error = exc
-        self._board.abort()
-        self._sequencer.abort()
+        self._record_failure(exc)
         self._stop_workers()
         self._state = "failed"
         raise exc
+
+    def _record_failure(self, exc: BaseException) -> None:
+        """Keep the first failure, and wake every thread waiting on the pipeline."""
+        with self._error_lock:
+            if self._error is None:
+                self._error = exc
+        self._wake_all_waiters()
+
+    def _wake_all_waiters(self) -> None:
+        """Abort the signals and the sequencer: every wait raises PipelineAborted from now on."""
+        self._board.abort()
+        self._sequencer.abort()
 
     def _raise_not_running(self) -> NoReturn:
         if self._state == "finished":
