@@ -7,7 +7,9 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from swpipeline import PipelinePlan, PipelineTask, TaskSchedule
+from hypothesis import strategies as st
+
+from swpipeline import IterContext, PipelinePlan, PipelineTask, TaskSchedule
 
 Event = Tuple[str, str, int, str]  # (kind, task, iter, thread name)
 
@@ -134,3 +136,61 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.001)
     return predicate()
+
+
+class FakeStream:
+    """A stream object for CPU tests: what the engine needs of one is its identity (and a display name)."""
+
+    def __init__(self, name: Optional[str] = None) -> None:
+        if name is not None:
+            self.swp_name = name
+
+    def wait_event(self, event: Any) -> None:
+        """Streams order work after events; a lane needs nothing of it."""
+
+    def wait_stream(self, stream: Any) -> None:
+        """Streams order work after other streams; a lane needs nothing of it."""
+
+
+# -- random plans (hypothesis) -------------------------------------------------------------------
+
+STREAMS = [None, "s1", "s2"]
+GROUPS = ["default", "g1", "g2"]
+
+
+@st.composite
+def valid_plans(draw: st.DrawFn) -> Dict[str, Any]:
+    n = draw(st.integers(2, 12))
+    names = [f"T{k}" for k in range(n)]
+    stages = sorted(draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)))
+    spec = {name: (stages[k], draw(st.sampled_from(STREAMS)), draw(st.sampled_from(GROUPS)))
+            for k, name in enumerate(names)}
+    # intra deps only from earlier-declared tasks: a DAG with stage(dep) <= stage(task) (Corollary 1)
+    intra = [(names[b], names[a]) for b in range(n) for a in range(b) if draw(st.booleans()) and draw(st.booleans())]
+    inter = [(names[a], names[b]) for a in range(n) for b in range(n)
+             if stages[b] - stages[a] <= 1 and draw(st.integers(0, 5)) == 0]
+    return {"spec": spec, "intra": intra, "inter": inter}
+
+
+def output_plan(shape: Dict[str, Any]) -> Tuple[PipelinePlan, ExecLog, Dict[Tuple[str, int], int]]:
+    """A plan whose tasks compute values from their dependencies' values (intra: this iteration, inter: the last)."""
+    log = ExecLog()
+    values: Dict[Tuple[str, int], int] = {}
+    intra: Dict[str, List[str]] = {n: [] for n in shape["spec"]}
+    inter: Dict[str, List[str]] = {n: [] for n in shape["spec"]}
+    for task, dep in shape["intra"]:
+        intra[task].append(dep)
+    for task, dep in shape["inter"]:
+        inter[task].append(dep)
+
+    def compute(name: str) -> Any:
+        def fn(ctx: IterContext) -> None:
+            i = ctx.iter_idx
+            total = hash((name, ctx.batch)) % 1000
+            total += sum(values[(d, i)] for d in intra[name])
+            total += sum(values[(d, i - 1)] for d in inter[name] if i > 0)
+            values[(name, i)] = total % 1_000_003
+        return fn
+
+    work = {name: compute(name) for name in shape["spec"]}
+    return make_plan(log, shape["spec"], shape["intra"], shape["inter"], work), log, values

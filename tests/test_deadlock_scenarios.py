@@ -18,7 +18,7 @@ from engine_helpers import ExecLog, check_dependencies, make_plan, swp_threads
 from swpipeline import SequencerTimeoutError, SWPipeline
 from swpipeline.errors import PipelineAborted
 from swpipeline.ordering import period_local_edges
-from swpipeline.signals import SubmissionSequencer
+from swpipeline.signals import Turns
 
 
 def ascending(plan_stages: Dict[str, int]) -> List[str]:
@@ -86,7 +86,7 @@ def test_globally_ordered_tasks_keep_one_order_across_thread_groups() -> None:
                 for t, s in zip(plan.tasks, plan.schedules.values())}
     plan = type(plan)(schedule, plan.intra_iter_deps, plan.inter_iter_deps)
     pipe = SWPipeline(plan, device="cpu")
-    assert pipe.enqueue_order == ["AllToAll", "Forward", "Load", "AllReduce"]
+    assert pipe.enqueue_order == ["AllToAll", "Forward", "AllReduce", "Load"]
     pipe.run(range(40))
     # Period p issues AllToAll(p-1) then AllReduce(p-2), whatever thread gets there first.
     expected: List[Tuple[str, int]] = []
@@ -99,22 +99,35 @@ def test_globally_ordered_tasks_keep_one_order_across_thread_groups() -> None:
 
 
 def test_sequencer_runs_in_sequence_and_times_out_naming_the_task() -> None:
-    seq = SubmissionSequencer()
+    seq = Turns("the sequencer")
     out: List[int] = []
-    threads = [threading.Thread(target=seq.execute_ordered, args=(k, lambda k=k: out.append(k)))
+    threads = [threading.Thread(target=seq.run_in_turn, args=((0, k), lambda k=k: out.append(k), 5.0, "T", k))
                for k in (3, 1, 2, 0)]
     for t in threads:
         t.start()
+    for k in range(4):  # numbers may come after the units are waiting for them
+        seq.assign((0, k), f"T(i{k})")
     for t in threads:
         t.join(5)
     assert out == [0, 1, 2, 3]
-    seq.announce(4, "AllReduce")
+    seq.assign((1, 7), "AllReduce")
+    seq.assign((2, 7), "AllToAll")
     with pytest.raises(SequencerTimeoutError, match=r"'AllToAll' \(iteration 7\) waited 0.1 s for its turn #5; "
                                                     r"the sequencer is still at #4 \(the turn belongs to 'AllReduce'\)"):
-        seq.execute_ordered(5, lambda: None, timeout=0.1, task="AllToAll", iter_idx=7)
+        seq.run_in_turn((2, 7), lambda: None, timeout=0.1, task="AllToAll", iter_idx=7)
+    with pytest.raises(SequencerTimeoutError, match=r"waited 0.1 s for its turn, which was never assigned"):
+        seq.run_in_turn((9, 9), lambda: None, timeout=0.1, task="Late", iter_idx=9)
+    lane = Turns("stream 'default'")
+    lane.assign((0, 0), "A(i0)")
+    lane.assign((1, 0), "B(i0)")
+    with pytest.raises(SequencerTimeoutError, match=r"task on stream 'default' 'B' \(iteration 0\) waited 0.1 s "
+                                                    r"for its turn #1; stream 'default' is still at #0"):
+        lane.run_in_turn((1, 0), lambda: None, timeout=0.1, task="B", iter_idx=0)
     seq.abort()
     with pytest.raises(PipelineAborted):
-        seq.execute_ordered(6, lambda: None)
-    seq.reset()
-    seq.execute_ordered(0, lambda: out.append(99))
+        seq.run_in_turn((2, 7), lambda: None, timeout=5.0, task="AllToAll", iter_idx=7)
+    # Turns belong to one run and are never reset: a new run makes new ones.
+    fresh = Turns("the sequencer")
+    fresh.assign((0, 0), "T(i0)")
+    fresh.run_in_turn((0, 0), lambda: out.append(99), 5.0, "T", 0)
     assert out[-1] == 99

@@ -10,7 +10,7 @@ from typing import Any, List
 import pytest
 import torch
 
-from engine_helpers import ExecLog, check_dependencies, drive, make_plan, sparse_dist_plan, swp_threads
+from engine_helpers import ExecLog, FakeStream, check_dependencies, drive, make_plan, sparse_dist_plan, swp_threads
 from swpipeline import (CPUDevice, IterContext, PipelinePlan, PipelineTask, SimulatedDevice, SWPipeline,
                         TaskSchedule)
 
@@ -110,14 +110,14 @@ def test_live_contexts_never_exceed_the_depth() -> None:
     pipe_box: List[SWPipeline] = []
 
     def observe(ctx: IterContext) -> None:
-        observed.append(len(pipe_box[0]._contexts))
+        observed.append(len(pipe_box[0].contexts_in_flight()))
 
     log = ExecLog()
     pipe = SWPipeline(sparse_dist_plan(log, work={"H2D": observe, "Forward": observe}), device="cpu")
     pipe_box.append(pipe)
     it = pipe.fill_pipeline(range(30))
     while True:
-        assert len(pipe._contexts) <= pipe.depth
+        assert len(pipe.contexts_in_flight()) <= pipe.depth
         try:
             pipe.progress(it)
         except StopIteration:
@@ -233,7 +233,7 @@ def test_device_resolution(caplog: pytest.LogCaptureFixture) -> None:
         SWPipeline(plan, device=-1)
     sim = SimulatedDevice()
     assert SWPipeline(plan, device=sim).device is sim
-    with pytest.raises(ValueError, match="signal_timeout must be a positive"):
+    with pytest.raises(ValueError, match="signal_timeout must be a finite number of seconds > 0"):
         SWPipeline(plan, signal_timeout=0)
     with pytest.raises(TypeError, match="plan must be a PipelinePlan"):
         SWPipeline({"A": TaskSchedule()})  # type: ignore[arg-type]
@@ -312,12 +312,9 @@ def test_seed_api_example_runs_unchanged() -> None:
 
 
 def test_stream_objects_get_their_own_lanes_whatever_their_label() -> None:
-    class Handle:
-        swp_name = "shared"
-
-    first, second = Handle(), Handle()
+    first, second = FakeStream("shared"), FakeStream("shared")
     plan = PipelinePlan({"A": TaskSchedule(stream=first), "B": TaskSchedule(stream=second),
-                         "C": TaskSchedule(stream="shared"), "D": TaskSchedule(stream=object()),
+                         "C": TaskSchedule(stream="shared"), "D": TaskSchedule(stream=FakeStream()),
                          "E": TaskSchedule(stream="stream0")})
     pipe = SWPipeline(plan, device="cpu")
     lanes = {t.name: t.stream for t in pipe._tasks}
@@ -330,7 +327,8 @@ def test_missing_context_attribute_says_which_dependency_is_missing() -> None:
         ctx.out = ctx.x_gpu * 2
 
     plan = PipelinePlan({PipelineTask("Forward", forward): TaskSchedule()})
-    with pytest.raises(AttributeError, match=r"iteration 0 has no attribute 'x_gpu' \(it has \[\]\).*intra_iter_deps"):
+    with pytest.raises(AttributeError, match=r"iteration 0 has no attribute 'x_gpu'; it has batch, iter_idx\. If another task sets 'x_gpu', that task "
+                                               r"must run first: declare it in intra_iter_deps"):
         SWPipeline(plan, device="cpu").run_one_serial_iter(None)
 
 

@@ -205,7 +205,7 @@ def test_failures_in_two_groups_report_the_first_and_join_all(make_pipe: MakePip
         raise Boom("first")
 
     def second(ctx: IterContext) -> None:
-        assert wait_until(lambda: box[0]._error is not None)
+        assert wait_until(lambda: box[0]._run.error is not None)
         raise KeyError("second")
 
     a, b = PipelineTask("A", first), PipelineTask("B", second)

@@ -146,7 +146,7 @@ def test_task_schedule_accepts_the_seed_examples() -> None:
     s = TaskSchedule(stage=0, stream="memcpy", thread_group="io")
     assert (s.stage, s.stream, s.thread_group) == (0, "memcpy", "io")
     assert TaskSchedule(stage=1, globally_ordered=True).globally_ordered is True
-    obj = object()
+    obj = FakeStream()
     assert TaskSchedule(stream=obj).stream is obj  # a stream object is allowed
 
 
@@ -292,10 +292,11 @@ def test_duplicate_name_in_a_sequence_of_pairs() -> None:
 def test_dependency_on_a_different_task_object_with_a_scheduled_name(field: str) -> None:
     a, b = PipelineTask("A", fn_a), PipelineTask("B", fn_b)
     impostor = PipelineTask("A", fn_b)
-    with pytest.raises(ValueError, match=rf"{field}: duplicate task name 'A': it refers to a different "
-                                         rf"PipelineTask than the schedule's"):
+    with pytest.raises(ValueError, match=rf"{field}: the PipelineTask named 'A' is not the object in the schedule "
+                                         rf"\(another object with the same name, whose function and io the plan "
+                                         rf"would ignore\); refer to the scheduled task object or to its name"):
         plan_with(field, [(b, impostor)], {a: S0, b: S0})
-    with pytest.raises(ValueError, match=rf"{field}: duplicate task name 'A'"):
+    with pytest.raises(ValueError, match=rf"{field}: the PipelineTask named 'A' is not the object in the schedule"):
         plan_with(field, [(impostor, b)], {a: S0, b: S0})
 
 
@@ -438,7 +439,7 @@ def test_corollary_1_intra_dependency_on_a_later_stage_is_rejected() -> None:
     plan = PipelinePlan({"H2D": S0, "Forward": S0, "Optim": S2},
                         intra_iter_deps=[("Forward", "H2D"), ("Forward", "Optim")])
     msg = ("intra_iter_deps: 'Forward' (stage 0) depends on 'Optim' (stage 2); a dependency's stage must be "
-           "<= the task's stage (Corollary 1")
+           "<= the task's stage (a later stage runs in a later period: 'Forward' would wait for it forever)")
     with pytest.raises(ValueError, match=re.escape(msg)) as info:
         SWPipeline(plan, device="cpu")
     assert "use inter_iter_deps if 'Forward' needs iteration i-1" in str(info.value)
@@ -449,7 +450,8 @@ def test_corollary_3_scenario_3_fwd_waiting_for_opt_two_stages_later_is_rejected
     plan = PipelinePlan({"fwd": S0, "bwd": S1, "opt": S2}, intra_iter_deps=[("bwd", "fwd"), ("opt", "bwd")],
                         inter_iter_deps=[("fwd", "opt")])
     msg = ("inter_iter_deps: 'fwd' (stage 0) depends on 'opt' (stage 2) of the previous iteration; "
-           "the stage gap is 2 > 1, so 'opt' would run in a future period (Corollary 3). Reduce the gap to <= 1")
+           "the stage gap is 2 > 1, so 'opt' of iteration i-1 would run in a later period than 'fwd' of iteration "
+           "i, which would wait for it forever. Reduce the gap to <= 1")
     with pytest.raises(ValueError, match=re.escape(msg)):
         SWPipeline(plan, device="cpu")
 
@@ -497,3 +499,83 @@ def test_every_seed_plan_passes_the_stage_rules() -> None:
 def test_swpipeline_rejects_a_non_plan() -> None:
     with pytest.raises(TypeError, match=r"plan must be a PipelinePlan, got dict"):
         SWPipeline({"A": S0}, device="cpu")  # type: ignore[arg-type]
+
+
+# -- input validation: every bad value is refused before any work starts ------------------------------
+
+
+class FakeStream:
+    """What the engine needs of a stream object on the CPU: an identity (and a display name)."""
+
+    swp_name = "fake"
+
+    def wait_event(self, event: Any) -> None: ...
+
+    def wait_stream(self, stream: Any) -> None: ...
+
+
+@pytest.mark.parametrize("stream", [3, 2.5, True, ["s"], {"s": 1}, b"s", object()], ids=lambda s: type(s).__name__)
+def test_a_stream_must_be_none_a_name_or_a_stream_object(stream: object) -> None:
+    with pytest.raises(TypeError, match=r"TaskSchedule: stream must be None \(the default stream\), a stream name "
+                                        r"\(str\) or a torch stream object; got " + type(stream).__name__):
+        TaskSchedule(stream=stream)
+
+
+def test_a_device_is_not_a_stream() -> None:
+    import torch
+
+    with pytest.raises(TypeError, match=r"got torch.device 'cpu': a device says where streams live"):
+        TaskSchedule(stream=torch.device("cpu"))
+
+
+def test_stream_objects_are_accepted() -> None:
+    import torch
+
+    for stream in (FakeStream(), torch.cpu.Stream()):
+        assert TaskSchedule(stream=stream).stream is stream
+
+
+def test_an_absurd_stage_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"TaskSchedule: stage 1000000000 is too large.*at most 1024"):
+        TaskSchedule(stage=10**9)
+    assert TaskSchedule(stage=1024).stage == 1024
+
+
+@pytest.mark.parametrize("field", ["intra_iter_deps", "inter_iter_deps"])
+def test_a_dependency_on_another_object_with_a_scheduled_name_is_refused_even_with_the_same_fn(field: str) -> None:
+    a, b = PipelineTask("A", fn_a), PipelineTask("B", fn_b)
+    twin = PipelineTask("A", fn_a)  # same name, same function, but not the scheduled object
+    with pytest.raises(ValueError, match=rf"{field}: the PipelineTask named 'A' is not the object in the schedule"):
+        plan_with(field, [(b, twin)], {a: S0, b: S0})
+    with pytest.raises(ValueError, match=rf"{field}: the PipelineTask named 'A' is not the object in the schedule"):
+        plan_with(field, [(b, PipelineTask("A", fn_a))], {"A": S0, b: S0})  # the schedule named it by a string
+
+
+@pytest.mark.parametrize("value", [float("inf"), 1e300, float("nan"), -1.0, 0, "5", None, True])
+@pytest.mark.parametrize("arg", ["signal_timeout", "progress_timeout", "join_timeout"])
+def test_timeouts_must_be_finite_positive_seconds(arg: str, value: object) -> None:
+    from swpipeline import DataFlowPipeline
+
+    plan = PipelinePlan({PipelineTask("A", fn_a): S0})
+    for engine in (SWPipeline, DataFlowPipeline):
+        with pytest.raises((TypeError, ValueError), match=rf"{arg} must be a finite number of seconds > 0"):
+            engine(plan, device="cpu", **{arg: value})
+
+
+def test_a_trace_path_that_cannot_be_written_is_refused_before_the_run(tmp_path: Any) -> None:
+    ran: List[int] = []
+    plan = PipelinePlan({PipelineTask("A", lambda ctx: ran.append(ctx.iter_idx)): S0})
+    pipe = SWPipeline(plan, device="cpu")
+    (tmp_path / "a_file").write_text("")
+    for bad in (tmp_path / "a_file" / "run.json", tmp_path):
+        with pytest.raises(ValueError, match=r"trace: cannot write the trace to"):
+            pipe.run(range(3), trace=bad)
+    assert ran == []
+
+
+def test_requires_python_matches_what_the_code_uses() -> None:
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert project["requires-python"] == ">=3.11"  # the error path uses BaseException.add_note (3.11)

@@ -12,7 +12,8 @@ import torch
 from engine_helpers import ExecLog, sparse_dist_plan
 from swpipeline import (DataFlowPipeline, DeclaredIO, IterContext, PipelinePlan, PipelineTask, SWPipeline,
                         TaskSchedule)
-from swpipeline.shortcut import cache_val, restore_val
+from swpipeline.signals import Turns
+from swpipeline.snapshot import cache_val, restore_val
 
 Pair = namedtuple("Pair", "left right")
 
@@ -146,7 +147,7 @@ def test_skip_marks_in_schedule_analysis_repr_and_ranges() -> None:
     assert {"SWP_serial/InputDistStart [skip]/iter0", "SWP_serial/Forward/iter1"} <= names
 
 
-def test_globally_ordered_shortcut_keeps_its_turn() -> None:
+def test_globally_ordered_shortcut_keeps_its_turn(monkeypatch: pytest.MonkeyPatch) -> None:
     issued: List[Any] = []
     lock = threading.Lock()
 
@@ -162,16 +163,16 @@ def test_globally_ordered_shortcut_keeps_its_turn() -> None:
                          ar: TaskSchedule(stage=1, thread_group="compute", globally_ordered=True)})
     pipe = SWPipeline(plan, device="cpu")
     pipe.enable_shortcut("AllToAll")
-    seq_log: List[int] = []
-    original = pipe._sequencer.execute_ordered
+    seq_log: List[Any] = []
+    original = Turns.run_in_turn
 
-    def spy(seq: int, fn: Any, *args: Any) -> None:
-        seq_log.append(seq)
-        original(seq, fn, *args)
+    def spy(self: Turns, key: Any, fn: Any, *args: Any) -> None:
+        seq_log.append(key)
+        original(self, key, fn, *args)
 
-    pipe._sequencer.execute_ordered = spy  # type: ignore[method-assign]
+    monkeypatch.setattr(Turns, "run_in_turn", spy)
     pipe.run(range(10))
-    assert sorted(seq_log) == list(range(20))  # every ordered unit took its turn, shortcut or not
+    assert sorted(seq_log) == sorted((k, i) for k in (0, 1) for i in range(10))  # every ordered unit took its turn
     assert issued[0] == ("AllToAll", 0) and [x for x in issued if x[0] == "AllToAll"] == [("AllToAll", 0)]
 
 
@@ -236,3 +237,146 @@ def test_shortcut_of_a_task_reading_nothing_differentiable_needs_no_bridge() -> 
     ctx = pipe.run_one_serial_iter(x)
     assert ctx.h.is_leaf and ctx.h.requires_grad
     assert model.bottom.weight.grad is None and model.middle.weight.grad is not None
+
+
+# -- a cache holds exactly what its task wrote, under any concurrency --------------------------------
+
+
+@pytest.mark.parametrize("engine", ["SWPipeline", "DataFlowPipeline"])
+def test_caching_ignores_what_another_thread_group_writes_meanwhile(engine: str) -> None:
+    # Shortcut (group g1) and Writer (group g2) run in the same iteration with no dependency between
+    # them. While Shortcut caches (iteration 0), Writer sets ctx.y; a cache that took every changed
+    # attribute would replay that stale y over Writer's fresh one. Gate (before Shortcut on g1) makes
+    # every later replay come after Writer, so such a cache would show y == 0 in every iteration.
+    import collections
+
+    written: Dict[int, threading.Event] = collections.defaultdict(threading.Event)
+    seen: List[Any] = []
+
+    def gate(ctx: IterContext) -> None:
+        if ctx.iter_idx > 0:
+            assert written[ctx.iter_idx].wait(5)
+
+    caching = threading.Event()
+
+    def shortcut(ctx: IterContext) -> None:
+        caching.set()
+        assert written[0].wait(5)  # Writer has written ctx.y while this task is caching
+        ctx.x = torch.tensor([float(ctx.iter_idx)])
+
+    def writer(ctx: IterContext) -> None:
+        if ctx.iter_idx == 0:
+            assert caching.wait(5)
+        ctx.y = ctx.iter_idx
+        written[ctx.iter_idx].set()
+
+    def consume(ctx: IterContext) -> None:
+        seen.append((ctx.iter_idx, ctx.y, float(ctx.x)))
+
+    g, s = PipelineTask("Gate", gate), PipelineTask("Shortcut", shortcut)
+    w, c = PipelineTask("Writer", writer), PipelineTask("Consume", consume)
+    plan = PipelinePlan({g: TaskSchedule(thread_group="g1", stream="s1"), s: TaskSchedule(thread_group="g1", stream="s1"),
+                         w: TaskSchedule(thread_group="g2", stream="s2"), c: TaskSchedule(thread_group="g3", stream="s3")},
+                        intra_iter_deps=[(s, g), (c, s), (c, w)])
+    # (max_depth=1: the manual Gate must not hold iteration i+1's Gate ahead of iteration i's Shortcut)
+    pipe = SWPipeline(plan, device="cpu") if engine == "SWPipeline" else DataFlowPipeline(plan, max_depth=1,
+                                                                                          device="cpu")
+    pipe.enable_shortcut("Shortcut")
+    pipe.run(range(6))
+    assert seen == [(i, i, 0.0) for i in range(6)]  # y is always Writer's; x is the cached 0.0
+
+
+class Box:
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+def test_a_replaced_attribute_is_cached_even_when_the_new_object_reuses_the_old_address() -> None:
+    def make(ctx: IterContext) -> None:
+        ctx.a = Box(100 + ctx.iter_idx)
+
+    def replace(ctx: IterContext) -> None:
+        target = id(ctx.a)
+        del ctx.a  # the only reference: its memory is free again
+        spare = []
+        for _ in range(10000):  # allocate until CPython hands the same address back
+            box = Box(-ctx.iter_idx)
+            if id(box) == target:
+                break
+            spare.append(box)
+        ctx.a = box
+
+    seen: List[int] = []
+    m, r, c = PipelineTask("Make", make), PipelineTask("Replace", replace), PipelineTask("Use",
+                                                                                     lambda ctx: seen.append(ctx.a.value))
+    pipe = SWPipeline(PipelinePlan({m: TaskSchedule(), r: TaskSchedule(), c: TaskSchedule()},
+                                   intra_iter_deps=[(r, m), (c, r)]), device="cpu")
+    pipe.enable_shortcut("Replace")
+    pipe.run_serial(range(4))
+    assert seen == [0, 0, 0, 0]  # the cached replacement every time, never Make's fresh Box
+
+
+def test_caching_is_invisible_to_the_other_tasks_on_the_same_context() -> None:
+    # While A caches (iteration 0), Other runs on the same context on another thread: it must see the
+    # context as it is, not a read-tracking stand-in (the context's class used to be swapped in place).
+    a_caching, other_done = threading.Event(), threading.Event()
+    classes: List[type] = []
+
+    def a(ctx: IterContext) -> None:
+        a_caching.set()
+        if ctx.iter_idx == 0:
+            assert other_done.wait(5)
+        ctx.a = ctx.iter_idx
+
+    def other(ctx: IterContext) -> None:
+        if ctx.iter_idx == 0:
+            assert a_caching.wait(5)
+        classes.append(type(ctx))
+        other_done.set()
+
+    ta, to = PipelineTask("A", a), PipelineTask("Other", other)
+    plan = PipelinePlan({ta: TaskSchedule(thread_group="g1", stream="s1"), to: TaskSchedule(thread_group="g2", stream="s2")})
+    pipe = SWPipeline(plan, device="cpu")
+    pipe.enable_shortcut("A")
+    pipe.run(range(3))
+    assert classes == [IterContext] * 3
+
+
+def test_values_a_replay_cannot_reproduce_are_refused_when_cached() -> None:
+    def gen(ctx: IterContext) -> None:
+        ctx.stream = (k for k in range(3))
+
+    pipe = SWPipeline(PipelinePlan({PipelineTask("Gen", gen): TaskSchedule()}), device="cpu")
+    pipe.enable_shortcut("Gen")
+    with pytest.raises(TypeError, match="task 'Gen' set ctx.stream to a generator, which a shortcut cannot replay"):
+        pipe.run_one_serial_iter(0)
+
+    def cyclic(ctx: IterContext) -> None:
+        loop: List[Any] = [1]
+        loop.append(loop)
+        ctx.loop = loop
+
+    pipe = SWPipeline(PipelinePlan({PipelineTask("Cyclic", cyclic): TaskSchedule()}), device="cpu")
+    pipe.enable_shortcut("Cyclic")
+    with pytest.raises(ValueError, match="task 'Cyclic' set ctx.loop to a value that contains itself"):
+        pipe.run_one_serial_iter(0)
+
+
+def test_replayed_containers_keep_their_type_factory_and_shared_parts() -> None:
+    import collections
+
+    shared = torch.ones(2)
+
+    def fill(ctx: IterContext) -> None:
+        counts: Dict[str, List[int]] = collections.defaultdict(list)
+        counts["a"].append(1)
+        ctx.counts = counts
+        ctx.pair = [shared, shared]
+
+    pipe = SWPipeline(PipelinePlan({PipelineTask("Fill", fill): TaskSchedule()}), device="cpu")
+    pipe.enable_shortcut("Fill")
+    pipe.run_one_serial_iter(0)
+    ctx = pipe.run_one_serial_iter(1)  # replay
+    assert isinstance(ctx.counts, collections.defaultdict) and ctx.counts["new"] == []
+    assert ctx.counts["a"] == [1]
+    assert ctx.pair[0] is ctx.pair[1]  # one tensor twice stays one tensor

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine_helpers import FakeStream
 from swpipeline import PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
 from swpipeline.tables import format_period_table
 
@@ -39,18 +40,18 @@ BASE_3 = "\n".join([
     "5  H2D               default memcpy       | i0    i1    i2",
 ])
 
-# PT2 declares no dependencies, so inside its one stage the rows fall back to name order
-# (seed 000, "Common Pitfalls": a missing intra-stage dep gives an alphabetical order).
+# PT2 declares no dependencies: inside its one stage (one stream) the rows, like the tasks on the
+# stream, follow the declaration order, never the names (the seed's table is in name order).
 PT2_2 = "\n".join([
     "#  Task              Thread  Stream       | P0    P1",
     "-- ----------------- ------- ------------ + ----- -----",
-    "0  Backward          default default      | i0    i1",
-    "1  Forward           default default      | i0    i1",
-    "2  H2D               default default      | i0    i1",
-    "3  InputTransform    default default      | i0    i1",
-    "4  LoadBatch         default default      | i0    i1",
-    "5  OptimizerStep     default default      | i0    i1",
-    "6  ZeroGrad          default default      | i0    i1",
+    "0  LoadBatch         default default      | i0    i1",
+    "1  H2D               default default      | i0    i1",
+    "2  InputTransform    default default      | i0    i1",
+    "3  ZeroGrad          default default      | i0    i1",
+    "4  Forward           default default      | i0    i1",
+    "5  Backward          default default      | i0    i1",
+    "6  OptimizerStep     default default      | i0    i1",
 ])
 
 
@@ -111,10 +112,7 @@ def test_stream_none_and_default_both_print_default() -> None:
 
 
 def test_a_stream_object_prints_its_swp_name() -> None:
-    class NamedStream:
-        swp_name = "emb_lookup"
-
-    plan = PipelinePlan({"E": TaskSchedule(stream=NamedStream())})
+    plan = PipelinePlan({"E": TaskSchedule(stream=FakeStream("emb_lookup"))})
     assert pipe_of(plan).format_schedule(1).split("\n")[2] == "0  E                 default emb_lookup   | i0"
 
 
@@ -212,8 +210,8 @@ def test_stage_analysis_when_lds_is_shorter_than_depth() -> None:
         "Task schedule (topological order):",
         "Pos  Task                 Idx  Stage  Type",
         "--------------------------------------------",
-        "0    A                    0    0      stream",
-        "1    B                    1    2      stream",
+        "0    A                    1    0      stream",
+        "1    B                    0    2      stream",
         "LDS = 2 (example: (2, 0) = B <- A)",
         "Pipeline depth = 3",
         "\u2717 LDS < depth: 1 stage(s) hold a batch in flight without separating a producer from its "

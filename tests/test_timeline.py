@@ -108,7 +108,7 @@ def test_a_consumer_blocked_on_its_producer_records_the_wait() -> None:
 
     def slow_producer(ctx: IterContext) -> None:
         if ctx.iter_idx == 0:
-            assert wait_until(lambda: holder[0]._board._waiters[0] > 0)
+            assert wait_until(lambda: holder[0]._run.board._waiters[0] > 0)
 
     a, b = PipelineTask("A", slow_producer), PipelineTask("B", lambda ctx: None)
     plan = PipelinePlan({a: TaskSchedule(stage=0, thread_group="ta", stream="sa"),
@@ -152,7 +152,8 @@ def test_an_untraced_run_creates_no_trace_objects(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(Recorder, "__init__", spy)
     pipe = SWPipeline(sparse_dist_plan(ExecLog()), device="cpu")
     it = pipe.fill_pipeline(range(5))
-    assert all(w._run_unit == pipe._run_unit for w in pipe._workers.values())  # the untouched hot path
+    workers = pipe._run.workers.values()
+    assert all(w._run_unit.__qualname__ == "make_unit_runner.<locals>.run_unit" for w in workers)  # not wrapped
     while True:
         try:
             pipe.progress(it)

@@ -23,6 +23,7 @@ import seed_plans  # noqa: E402
 from engine_helpers import progress_until_stop  # noqa: E402
 import swpipeline.torchrec as swtr  # noqa: E402
 from swpipeline import IterContext, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule  # noqa: E402
+from swpipeline.torchrec import plans as torchrec_plans  # noqa: E402
 from swpipeline.torchrec.feed import BatchFeed  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -52,7 +53,17 @@ def pipeline(name: str, **kwargs: Any) -> Any:
                                   "CompAutograd"])
 def test_print_schedule_equals_seed_001(name: str) -> None:
     num_periods, expected = seed_plans.SEED_TABLES[name]
+    if name == "SemiSync":  # EmbLookup at stage 1, after the stage-3 tasks on the default stream (plans.py)
+        expected = SEMI_SYNC_TABLE
     assert pipeline(name).format_schedule(num_periods).split() == expected.split()
+
+
+SEMI_SYNC_TABLE = """# Task Thread Stream | P0 P1 P2 P3 P4 P5 -- ----------------- ------- ------------ + ----- ----- ----- ----- ----- -----
+    0 ZeroGrad default default | -- -- -- i0 i1 i2 1 Forward default default | -- -- -- i0 i1 i2
+    2 Backward default default | -- -- -- i0 i1 i2 3 EmbBackward default default | -- -- -- i0 i1 i2
+    4 OptimizerStep default default | -- -- -- i0 i1 i2 5 InputDistStart default data_dist | -- i0 i1 i2 i3 i4
+    6 InputDistWait default data_dist | -- i0 i1 i2 i3 i4 7 EmbLookup default default | -- i0 i1 i2 i3 i4
+    8 H2D default memcpy | i0 i1 i2 i3 i4 i5"""
 
 
 def _rows(plan: PipelinePlan) -> List[Tuple[str, int, str, bool]]:
@@ -77,15 +88,18 @@ WAIT_AFTER_FORWARD = ["SparseDist", "FusedSparseDist", "CompAutograd"]  # + (Inp
 def test_plan_equals_seed_001_except_the_documented_deviations(name: str) -> None:
     ours = pipeline(name).plan
     seed = seed_plans.ALL_BUILDERS[name]()
-    assert _rows(ours) == _rows(seed)
+    if name == "SemiSync":  # EmbLookup two stages below the embedding update (plans.py)
+        assert _rows(ours) == [r if r[0] != "EmbLookup" else ("EmbLookup", 1, "default", False) for r in _rows(seed)]
+    else:
+        assert _rows(ours) == _rows(seed)
     if name in SAME_AS_SEED + WAIT_AFTER_FORWARD:
         extra = [("InputDistWait", "WaitBatch")] if name in WAIT_AFTER_FORWARD else []
         assert _deps(ours, "intra") == _deps(seed, "intra")
         assert _deps(ours, "inter") == sorted(_deps(seed, "inter") + extra)
-    elif name == "SemiSync":  # EmbLookup(i) after Forward(i-1), so it precedes EmbBackward(i-1)
+    elif name == "SemiSync":  # the stages order EmbLookup against the update: no inter-iteration pair
         assert _deps(ours, "intra") == _deps(seed, "intra")
         assert _deps(seed, "inter") == [("EmbLookup", "Backward")]
-        assert _deps(ours, "inter") == [("EmbLookup", "Forward")]
+        assert _deps(ours, "inter") == []
     else:  # PT2: the seed declares no dependencies; ours chains TorchRec's order
         assert _deps(seed, "intra") == []
         assert [t for t in SWPipeline(ours, device="cpu").enqueue_order] == [
@@ -100,21 +114,42 @@ def test_collectives_are_issued_in_torchrecs_order(name: str) -> None:
     assert order == ["InputDistStart", "Forward", "InputDistWait", "Backward"]
 
 
-def test_semi_sync_looks_up_before_the_previous_embedding_backward() -> None:
-    order = pipeline("SemiSync").engine.enqueue_order
-    assert order.index("EmbLookup") < order.index("EmbBackward")
-    seed_order = SWPipeline(seed_plans.semi_sync(make_fn=seed_plans.noop), device="cpu").enqueue_order
-    assert seed_order.index("EmbLookup") > seed_order.index("EmbBackward")  # the seed's plan is synchronous
+def test_semi_sync_looks_up_between_the_two_previous_embedding_updates() -> None:
+    # Semi-sync: batch i+1 reads the embeddings after batch i-1's update (EmbBackward) and before
+    # batch i's, one update old. The seed's plan (EmbLookup one stage below the update, on the same
+    # stream) runs every lookup after the previous update: synchronous.
+    for plan, stale in ((torchrec_plans.SEMI_SYNC.build(lambda n: note(n), lambda role: role), True),
+                        (seed_plans.semi_sync(make_fn=lambda n: note(n)), False)):
+        order.clear()
+        SWPipeline(plan, device="cpu").run(range(8))
+        pos = {unit: k for k, unit in enumerate(order)}
+        for i in range(1, 7):
+            assert pos[("EmbBackward", i - 1)] < pos[("EmbLookup", i + 1)]
+            assert (pos[("EmbLookup", i + 1)] < pos[("EmbBackward", i)]) is stale
+
+
+order: List[Tuple[str, int]] = []
+
+
+def note(name: str) -> Callable[[IterContext], None]:
+    return lambda ctx: order.append((name, ctx.iter_idx))
 
 
 @pytest.mark.parametrize("name", sorted(FACTORIES))
 def test_the_default_thread_group_ends_each_period_with_the_retiring_iteration(name: str) -> None:
-    # This is what makes lockstep exact: when progress() has retired iteration k, the
-    # default worker has nothing left of the period (its last unit was k's last task).
+    # This is what makes lockstep exact on a worker thread: when progress() has retired iteration k,
+    # the default worker has nothing left of the period (its last unit was k's last task). SemiSync's
+    # lookup ends its period instead, so it runs lockstep on the calling thread only.
     pipe = pipeline(name)
     plan = pipe.plan
     last = [n for n in pipe.engine.enqueue_order if plan.schedules[n].thread_group == "default"][-1]
-    assert plan.stage(last) == plan.depth - 1
+    if name == "SemiSync":
+        assert last == "EmbLookup"
+        with pytest.raises(ValueError, match="caller_thread=False: the default thread group's last task of a "
+                                             "period, 'EmbLookup'"):
+            pipeline(name, caller_thread=False)
+    else:
+        assert plan.stage(last) == plan.depth - 1
 
 
 EXTRA_TABLES = {

@@ -22,8 +22,8 @@ from .profiler import ProfileResult as ProfileResult
 from .profiler import TaskProfiler as TaskProfiler
 from .stats import RunStats as RunStats
 from .stats import TaskStats as TaskStats
-from .timeline import DependencyWait as DependencyWait
-from .timeline import TaskRecord as TaskRecord
+from .records import DependencyWait as DependencyWait
+from .records import TaskRecord as TaskRecord
 from .timeline import Timeline as Timeline
 
 __version__ = "0.1.0"

@@ -1,115 +1,250 @@
-"""_PipelineBase: everything both engines share; no scheduling policy.
+"""_PipelineBase: the public API both engines share, driving one ``Run`` per fill.
 
-Subclasses decide *when* a task of an iteration is handed to its worker
-(``_do_fill``, ``_do_retire``, ``_after_task_complete``); this class owns the
-rest: worker threads, contexts, CPU signals, device events, the submission
-sequencer, error handling and the serial baseline.
+An engine supplies a *policy* for each run (``_new_policy``): when a task of an
+iteration is handed to its worker (``fill``, ``after_retire``, and optionally
+``after_complete``, called on the worker right after a unit completed). Everything
+else is here or in the modules this one composes:
 
-Life cycle (``_state``)::
+* ``run.py``: the state of one fill (board, turns, events, workers, contexts,
+  failure, stopping within one join budget);
+* ``executor.py``: one unit of work, the two-phase protocol;
+* ``shutdown.py``: runs nobody stopped, at exit and on garbage collection;
+* ``tracing.py``: recording timelines, statistics;
+* ``shortcut.py``: task shortcut.
 
-    idle --fill_pipeline()--> running --progress() raises StopIteration--> finished
-      ^                          |  \\--a task/iterator fails--> failed
-      |                          |                                |
-      +------- drain() ----------+--------------------------------+
-
-Every path out of ``running`` stops and joins the worker threads.
-
-A work unit runs the two-phase protocol for each dependency, then the task::
-
-    for dep in deps:                    # intra: iteration i; inter: iteration i-1
-        board.wait_task(dep, it)        # phase 1: CPU signal (returns at once if done)
-        device.wait(stream, event)      # phase 2: only if dep ran on another stream
-    device.launch(stream, fn, ctx)      # fn(ctx) with the task's stream current
-    device.record(event, stream)        # only if a consumer is on another stream
-    board.complete(task, i)             # sets the CPU signal
-
-A traced fill hands the workers ``_run_unit_recorded`` instead, which times the
-phase-1 waits, runs ``_run_unit`` and records the unit (see ``timeline.py``); an
-untraced one runs exactly the code above.
+Who may call what: a pipeline is *driven* (``fill_pipeline``, ``progress``, ``advance``,
+``drain``, ``abandon``, ``run``, ``run_serial``, ``run_one_serial_iter``) by one thread
+at a time, never from inside one of its own tasks; anything else is refused at once
+with an error naming both parties. Any exception that leaves a driving call while
+iterations are in flight ends the run: its iterations are abandoned (not drained) and
+its workers joined before the exception reaches the caller.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
+import functools
+import logging
+import math
 import threading
 import time
-from functools import partial
-from typing import Any, Callable, Dict, Iterable, Iterator, List, NoReturn, Optional, Tuple
+import weakref
+from typing import (Any, Callable, ContextManager, Dict, Iterable, Iterator, List, NoReturn, Optional, Protocol, Set,
+                    Tuple, TypeVar)
 
 import torch
 
-from . import ordering
-from .annotations import emit_nvtx_context, profiler_active, resolve_emit_nvtx, run_annotated
-from .device import DeviceSpec, resolve_device
-from .errors import PipelineAborted, ProgressTimeoutError, annotate
+from . import ordering, shutdown
+from .annotations import profiler_active, resolve_emit_nvtx, run_annotated
+from .device import Device, DeviceSpec, resolve_device
+from .errors import annotate, stop_iteration_error
+from .executor import AfterComplete, make_launch, make_unit_runner, traced
 from .plan import IterContext, PipelinePlan
 from .progress_line import ProgressLine, len_or_none
-from .runtime import TaskRuntime, build_tasks
+from .run import ABANDONED, FAILED, FINISHED, Run
+from .runtime import bind_run, build_tasks
+from .schedule import Schedule
 from .shortcut import ShortcutTable
-from .signals import CompletionBoard, SubmissionSequencer
-from .stats import RunStats
-from .timeline import Recorder, Timeline, TraceSpec, parse_trace
-from .worker import InlineWorker, Worker, WorkerLike
+from .timeline import parse_trace
+from .tracing import Tracing, _Scoped
+from .worker import Worker
 
 __all__: List[str] = []
 
-_JOIN_TIMEOUT_S = 10.0
+logger = logging.getLogger("swpipeline")
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-class _PipelineBase:
+class Policy(Protocol):
+    """What an engine decides for one run: when units are handed to workers."""
+
+    @property
+    def after_complete(self) -> Optional[AfterComplete]: ...
+
+    def fill(self, data_iter: Iterator[Any]) -> None: ...
+
+    def after_retire(self, oldest: int, data_iter: Optional[Iterator[Any]]) -> None: ...
+
+
+def _seconds(name: str, value: object) -> float:
+    """A timeout argument: a finite number of seconds > 0 (at most threading.TIMEOUT_MAX)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a finite number of seconds > 0, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value) or value > threading.TIMEOUT_MAX:
+        raise ValueError(f"{name} must be a finite number of seconds > 0 (at most {threading.TIMEOUT_MAX:g}), got "
+                         f"{value!r}: a wait without end could not be told from a hang; use a large finite value")
+    if value <= 0:
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def _driving(method: F) -> F:
+    """Mark a method that drives the pipeline: one thread at a time, never from inside a task."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def guarded(self: "_PipelineBase", *args: Any, **kwargs: Any) -> Any:
+        me = threading.current_thread()
+        claim = (me.ident, name, me.name)
+        try:
+            self._claim(claim)
+            return method(self, *args, **kwargs)
+        finally:
+            if self._driver is claim:
+                self._driver = None
+
+    return guarded  # type: ignore[return-value]
+
+
+def _enter_worker_thread(torch_threads: int, device: Device, worker_init: Optional[Callable[[str], None]],
+                         group: str) -> None:
+    # Torch's intra-op thread count is per OS thread: give workers the caller's setting.
+    torch.set_num_threads(torch_threads)
+    device.enter_thread()
+    if worker_init is not None:
+        worker_init(group)
+
+
+class _PipelineBase(Tracing):
     """Shared infrastructure of the pipeline engines (see the module docstring)."""
 
     def __init__(self, plan: PipelinePlan, num_slots: int, device: DeviceSpec = None, *,
-                 signal_timeout: float = 30.0, progress_timeout: float = 60.0,
+                 signal_timeout: float = 30.0, progress_timeout: float = 60.0, join_timeout: float = 10.0,
                  worker_init: Optional[Callable[[str], None]] = None) -> None:
         if not isinstance(plan, PipelinePlan):
             raise TypeError(f"plan must be a PipelinePlan, got {type(plan).__name__}")
-        for arg, value in (("signal_timeout", signal_timeout), ("progress_timeout", progress_timeout)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"{arg} must be a positive number of seconds, got {value!r}")
+        self.signal_timeout = _seconds("signal_timeout", signal_timeout)
+        self.progress_timeout = _seconds("progress_timeout", progress_timeout)
+        self.join_timeout = _seconds("join_timeout", join_timeout)
         if worker_init is not None and not callable(worker_init):
             raise TypeError(f"worker_init must be a callable taking the thread group name, got {worker_init!r}")
         self.plan = plan
         self.worker_init = worker_init
         self.device = resolve_device(device)
-        self.signal_timeout = float(signal_timeout)
-        self.progress_timeout = float(progress_timeout)
-        self._num_slots = num_slots
-        self._event_slots = num_slots + 1  # see build_tasks: inter consumers may lag one iteration
-        self._tasks = build_tasks(plan, self.device, self._event_slots)
+        self._event_slots = num_slots + 1  # see runtime.bind_run: inter consumers may lag one iteration
+        ordering.validate_stages(plan)
+        self._tasks = build_tasks(plan, self.device)
+        self._schedule = Schedule.build(plan, {t.name: t.stream_label for t in self._tasks},
+                                        {t.name: t.stream for t in self._tasks})
         self._by_name = {t.name: t for t in self._tasks}
         self._serial_order = [self._by_name[n] for n in ordering.serial_order(plan)]
         self._groups = list(dict.fromkeys(t.group for t in self._tasks))
-        self._board = CompletionBoard([t.name for t in self._tasks])
-        self._sequencer = SubmissionSequencer()
         self._shortcuts = ShortcutTable(plan.tasks)
-        self._workers: Dict[str, WorkerLike] = {}
         self._caller_group: Optional[str] = None  # a thread group run by the caller of progress()
-        self._inline_worker: Optional[InlineWorker] = None
-        self._error_lock = threading.Lock()
+        self._run: Optional[Run] = None  # the current fill (None: idle)
+        self._peak_live_contexts = 0
+        self._stragglers: List[Worker] = []  # threads of ended runs that were still in a task
+        self._driver: Optional[Tuple[Optional[int], str, str]] = None  # (thread, method, thread name) driving
+        self._claim_lock = threading.Lock()
         self._nvtx = False
-        self._tracing = False  # record a timeline at the next fill (run(trace=...), tracing())
-        self._recorder: Optional[Recorder] = None  # the last fill's, if it was traced
-        self.peak_live_contexts = 0
-        self._reset_state()
+        self._slot = shutdown.RunSlot()
+        weakref.finalize(self, self._slot.release)
+        Tracing.__init__(self)
 
-    # -- construction ----------------------------------------------------------------------
+    # -- who drives ------------------------------------------------------------------------------
 
-    def _reset_state(self) -> None:
-        self._board.reset()
-        self._sequencer.reset()
-        self._contexts: Dict[int, IterContext] = {}
-        self._state = "idle"
-        self._error: Optional[BaseException] = None
-        self._next_retire = 0
-        self._num_created = 0
-        self._exhausted = False
-        self._last_ctx: Optional[IterContext] = None
-        self._deferred: Optional[Tuple[int, Optional[Iterator[Any]]]] = None  # see progress(advance=False)
+    def _claim(self, claim: Tuple[Optional[int], str, str]) -> None:
+        me, what, _ = claim
+        run = self._run
+        unit = run.task_running_on(me) if run is not None and me is not None else None
+        if unit is not None:
+            where = "while its thread starts (worker_init)" if len(unit) < 2 else (
+                f"from inside task {unit[0].name!r} (iteration {unit[1].iter_idx})")
+            raise RuntimeError(f"{what}() called {where}: a task must not drive the pipeline that runs it "
+                               f"(it would wait for itself); drive it from the thread that called fill_pipeline()")
+        with self._claim_lock:
+            holder = self._driver
+            if holder is None:
+                self._driver = claim
+                return
+        if holder[0] == me:
+            raise RuntimeError(f"{what}() called while this thread is already inside {holder[1]}() (from the data "
+                               f"iterator, or from a task running on the caller's thread); a pipeline cannot be "
+                               f"driven from within its own driving call")
+        raise RuntimeError(f"{what}() called from thread {claim[2]!r} while thread {holder[2]!r} is in {holder[1]}(); "
+                           f"a pipeline is driven by one thread at a time (fill_pipeline, progress, advance, drain, "
+                           f"abandon, run): call it from that thread, or after its call returns")
+
+    # -- the run's life cycle ------------------------------------------------------------------
+
+    def _new_policy(self, run: Run) -> Policy:
+        raise NotImplementedError
+
+    def _start_run(self, data_iter: Iterator[Any]) -> None:
+        self._check_stragglers()
+        run = Run(bind_run(self._tasks, self.device, self._event_slots), self.device, self._event_slots,
+                  progress_timeout=self.progress_timeout, join_timeout=self.join_timeout)
+        self._run = self._slot.run = run
+        shutdown.track(run)
+        try:
+            labels = {t.index: self._shortcuts.label(t.name) for t in self._tasks}
+            launch = make_launch(self.device, labels, self._nvtx, run.board.is_aborted)
+            recorder = self._new_recorder(run.tasks)
+            wait = recorder.timed_wait(run.board.wait_task) if recorder is not None else None
+            policy = self._new_policy(run)
+            run_unit = make_unit_runner(run.board, self.device, launch, self._event_slots, self.signal_timeout,
+                                        policy.after_complete, wait)
+            if recorder is not None:
+                run_unit = traced(run_unit, recorder)
+            run.policy = policy
+            torch_threads, device, worker_init = torch.get_num_threads(), self.device, self.worker_init
+
+            def enter(group: str) -> Callable[[], None]:  # must not hold the pipeline (see shutdown.py)
+                return functools.partial(_enter_worker_thread, torch_threads, device, worker_init, group)
+
+            run.start_workers(self._groups, run_unit, enter, self._caller_group)
+            policy.fill(data_iter)
+        except BaseException as exc:
+            self._fail(run, exc)
+
+    def _check_stragglers(self) -> None:
+        self._stragglers = [w for w in self._stragglers if w.alive]
+        for worker in self._stragglers:
+            unit = worker.current
+            if unit is not None:
+                task, ctx = unit[0], unit[1]
+                raise RuntimeError(
+                    f"fill_pipeline(): thread {worker.thread.name!r} of an earlier run is still running task "
+                    f"{task.name!r} (iteration {ctx.iter_idx}) on stream {task.stream_label!r}, which this run "
+                    f"needs; wait until that task returns (it did not within join_timeout={self.join_timeout:g} s), "
+                    f"then call fill_pipeline() again"
+                )
+
+    def _end(self, run: Run, state: str) -> None:
+        """Stop ``run`` (idempotent), remembering any straggler."""
+        try:
+            stragglers = run.stop(state)
+        finally:
+            self._peak_live_contexts = run.peak_live_contexts
+        for worker in stragglers:
+            if worker not in self._stragglers:
+                self._stragglers.append(worker)
+                unit = worker.current
+                doing = f"task {unit[0].name!r} (iteration {unit[1].iter_idx})" if unit and len(unit) > 1 else "start-up"
+                logger.warning("worker thread %r did not stop within %.1f s (still in %s); a later fill_pipeline() "
+                               "waits for it", worker.thread.name, self.join_timeout, doing)
+
+    def _fail(self, run: Run, exc: BaseException) -> NoReturn:
+        """End the run as failed (its threads joined) and raise ``exc`` in the caller."""
+        run.record_failure(exc)
+        self._end(run, FAILED)
+        try:
+            raise exc
+        finally:
+            run.forget_error()
+
+    def _discard_run(self) -> None:
+        """Forget the (stopped) run: the pipeline is idle again."""
+        self._run = self._slot.run = None
+
+    def _active_run(self) -> Optional[Run]:
+        run = self._run
+        return run if run is not None and run.active else None
 
     # -- public API ----------------------------------------------------------------------------
 
+    @_driving
     def fill_pipeline(self, data_iter: Iterable[Any]) -> Iterator[Any]:
         """Start the workers and submit the first iterations; returns the iterator to pass to progress().
 
@@ -117,25 +252,24 @@ class _PipelineBase:
             data_iter: any iterable of batches.
 
         Raises:
-            RuntimeError: the pipeline is already filled (call drain() first).
+            RuntimeError: the pipeline is already filled (call drain() first), or a thread of an
+                earlier run is still inside a task.
             TypeError: ``data_iter`` is not iterable.
         """
-        if self._state == "running":
-            raise RuntimeError(
-                "fill_pipeline() called while iterations are still in flight; call drain() first "
-                "(or keep calling progress() until StopIteration)"
-            )
+        return self._fill(data_iter)
+
+    def _fill(self, data_iter: Iterable[Any]) -> Iterator[Any]:
+        if self._active_run() is not None:
+            raise RuntimeError("fill_pipeline() called while iterations are still in flight; call drain() first "
+                               "(or keep calling progress() until StopIteration)")
         try:
             it = iter(data_iter)
         except TypeError:
             raise TypeError(f"fill_pipeline: data_iter must be iterable, got {type(data_iter).__name__}") from None
-        self._reset_state()
-        self.peak_live_contexts = 0  # most IterContexts alive at once during this fill (kept after drain)
-        self._start_workers()
-        self._state = "running"
-        self._do_fill(it)
+        self._start_run(it)
         return it
 
+    @_driving
     def progress(self, data_iter: Optional[Iterator[Any]] = None, *, advance: bool = True) -> int:
         """Retire the oldest in-flight iteration and advance; returns its iter_idx.
 
@@ -146,68 +280,114 @@ class _PipelineBase:
 
         Raises:
             StopIteration: no iteration is left in flight (the worker threads are then joined).
-            RuntimeError: progress() before fill_pipeline(), or after a failure.
+            RuntimeError: progress() before fill_pipeline(), after a failure, or with data after
+                progress(None) retired the last iteration in flight.
             ProgressTimeoutError: the oldest iteration did not complete in ``progress_timeout``.
-            Exception: whatever a task or the data iterator raised, annotated with the task and iteration.
+            Exception: whatever a task or the data iterator raised, annotated with the task and
+                iteration. Any exception ends the run: the iterations in flight are abandoned.
         """
-        if self._state != "running":
-            self._raise_not_running()
-        if self._deferred is not None:
+        return self._progress(data_iter, advance)
+
+    def _progress(self, data_iter: Optional[Iterator[Any]], advance: bool = True) -> int:
+        run = self._running(data_iter)
+        if run.deferred is not None:
             raise RuntimeError("progress() while the last progress(advance=False) has not been followed by "
                                "advance(); call advance() first")
-        oldest = self._next_retire
-        if oldest >= self._num_created:
-            self._stop_workers()
-            self._state = "finished"
+        if run.next_retire >= run.num_created:  # nothing in flight
+            run.emptied = not run.exhausted
+            self._end(run, FINISHED)
             raise StopIteration
-        if self._inline_worker is not None:
-            self._inline_worker.run_queued()
-        self._wait_retire(oldest)
-        if advance:
-            self._do_retire(oldest, data_iter)
-        else:
-            self._deferred = (oldest, data_iter)
-        return oldest
+        try:
+            if run.inline is not None:
+                run.inline.run_queued()
+            oldest = run.retire_oldest()
+            if advance:
+                run.policy.after_retire(oldest, data_iter)
+            else:
+                run.deferred = (oldest, data_iter)
+            return oldest
+        except BaseException as exc:
+            self._fail(run, exc)
 
+    def _running(self, data_iter: Optional[Iterator[Any]]) -> Run:
+        run = self._run
+        if run is None:
+            raise RuntimeError("progress() called before fill_pipeline(); call fill_pipeline(data) first")
+        if run.active:
+            return run
+        if run.state == FINISHED:
+            if run.emptied and data_iter is not None:
+                raise RuntimeError("progress(data) after progress(None) retired the last iteration in flight: that "
+                                   "ended the run (StopIteration) and nothing was fetched from the data since; call "
+                                   "fill_pipeline(data) to start again (no batch was taken from it)")
+            raise StopIteration
+        raise RuntimeError("progress() after the pipeline failed (the error was raised earlier); "
+                           "call drain() and fill_pipeline() to start again")
+
+    @_driving
     def advance(self, fetch: bool = True) -> None:
         """Start what the last ``progress(advance=False)`` held back (its batch too, unless ``fetch`` is False)."""
-        deferred, self._deferred = self._deferred, None
-        if deferred is not None and self._state == "running":
-            oldest, data_iter = deferred
-            self._do_retire(oldest, data_iter if fetch else None)
+        self._advance(fetch)
 
+    def _advance(self, fetch: bool) -> None:
+        run = self._active_run()
+        if run is None or run.deferred is None:
+            return
+        (oldest, data_iter), run.deferred = run.deferred, None
+        try:
+            run.policy.after_retire(oldest, data_iter if fetch else None)
+        except BaseException as exc:
+            self._fail(run, exc)
+
+    @_driving
     def abandon(self) -> None:
         """Stop now without running the iterations in flight (their batches are dropped); ready for a new fill."""
-        self._wake_all_waiters()
-        self._stop_workers()
-        self.device.synchronize()
-        self._reset_state()
+        self._abandon()
+
+    def _abandon(self) -> None:
+        run = self._run
+        if run is None:
+            return
+        self._end(run, ABANDONED)
+        self._discard_run()
 
     def contexts_in_flight(self) -> List[IterContext]:
         """The IterContexts of the iterations in flight, oldest first."""
-        return [self._contexts[i] for i in sorted(self._contexts)]
+        run = self._active_run()
+        if run is None:
+            return []
+        contexts = run.contexts.copy()
+        return [contexts[i] for i in sorted(contexts)]
 
+    @_driving
     def drain(self) -> None:
         """Retire every in-flight iteration, stop and join the workers, and reset for a new fill.
 
         Shortcut settings and caches are kept. After a failure it only cleans up.
         """
-        try:
-            self.advance(fetch=False)
-            if self._state == "running":
-                while True:
-                    try:
-                        self.progress(None)
-                    except StopIteration:
-                        break
-        finally:
-            self._stop_workers()
-            if self._state != "failed":
-                self.device.synchronize()
-            self._reset_state()
+        self._drain()
 
+    def _drain(self) -> None:
+        run = self._run
+        if run is None:
+            return
+        try:
+            self._advance(fetch=False)
+            while run.active:
+                try:
+                    self._progress(None)
+                except StopIteration:
+                    break
+        finally:
+            if run.active:  # an exception (an interrupt) left the loop above
+                self._end(run, ABANDONED)
+            self._discard_run()
+        if run.state == FINISHED:
+            self.device.synchronize()
+
+    @_driving
     def run(self, data_iter: Iterable[Any], verbose: bool = False, emit_nvtx: bool = False,
-            trace: TraceSpec = None) -> float:
+            trace: Any = None) -> float:
         """Run every batch of ``data_iter`` through the pipeline; returns wall-clock seconds.
 
         Args:
@@ -216,98 +396,85 @@ class _PipelineBase:
             emit_nvtx: emit NVTX ranges ``SWP/{Task}/iter{N}`` (CUDA only; ignored elsewhere).
             trace: ``True`` records the run's timeline (``pipe.timeline``, ``pipe.stats()``); a path
                 also writes it there as Chrome/Perfetto trace JSON. Off (``None``) costs nothing.
+
+        Raises:
+            RuntimeError: a ``fill_pipeline()`` run is in flight (it is left as it is).
+            Exception: whatever a task or the data iterator raised; an exception (Ctrl-C included)
+                abandons the iterations in flight and joins the workers before it surfaces.
         """
-        record, trace_path = parse_trace(trace)
-        self._nvtx = resolve_emit_nvtx(emit_nvtx)
-        was_tracing, self._tracing = self._tracing, self._tracing or record or verbose
+        if self._active_run() is not None:
+            raise RuntimeError("run() while a fill_pipeline() run is in flight; finish it (progress() until "
+                               "StopIteration, or drain()) or abandon() it first")
+        record, trace_path = parse_trace(trace)  # a bad path is refused before anything runs
+        was_tracing = self._begin_traced_run(record or verbose)
         bar = ProgressLine(type(self).__name__, len_or_none(data_iter)) if verbose else None
-        nvtx_ctx = emit_nvtx_context() if self._nvtx else contextlib.nullcontext()
+        self._nvtx = resolve_emit_nvtx(emit_nvtx)
         start = time.perf_counter()
         try:
-            with nvtx_ctx:
-                it = self.fill_pipeline(data_iter)
+            with self._nvtx_context():
+                it = self._fill(data_iter)
                 while True:
                     try:
-                        self.progress(it)
+                        self._progress(it)
                     except StopIteration:
                         break
                     if bar is not None:
                         bar.step()
-                self.drain()
+                self._drain()
             elapsed = time.perf_counter() - start
+        except BaseException:
+            self._abandon()
+            raise
         finally:
             self._nvtx = False
-            self._tracing = was_tracing
-            if self._state != "idle":
-                self.drain()
-            if self._recorder is not None:
-                self._recorder.close()
+            self._end_traced_run(was_tracing)
             if bar is not None:
                 bar.close()
-        if self._recorder is not None and trace_path is not None:
-            self._recorder.timeline().save_chrome_trace(trace_path)
-        if verbose:
-            print(self.stats().format(), file=sys.stderr)
+        self._publish_trace(trace_path, verbose)
         return elapsed
 
-    @contextlib.contextmanager
-    def tracing(self) -> Iterator[None]:
-        """Record the timeline of every ``fill_pipeline()`` started in the block; read ``pipe.timeline`` after.
+    def _nvtx_context(self) -> Any:
+        from .annotations import emit_nvtx_context
 
-        For step-by-step loops; ``run(data, trace=True)`` is the one-call form.
-        """
-        was_tracing, self._tracing = self._tracing, True
-        try:
-            yield
-        finally:
-            self._tracing = was_tracing
-            if self._recorder is not None:
-                self._recorder.close()
+        return emit_nvtx_context() if self._nvtx else contextlib.nullcontext()
 
-    @property
-    def timeline(self) -> Optional[Timeline]:
-        """What the last fill ran where and when, if it was traced (see ``run(trace=...)``), else None."""
-        return self._recorder.timeline() if self._recorder is not None else None
-
-    def stats(self) -> RunStats:
-        """Per-task and per-run statistics of the last traced run (``print(pipe.stats())`` shows a table).
-
-        Raises:
-            RuntimeError: the last run was not traced.
-        """
-        timeline = self.timeline
-        if timeline is None:
-            raise RuntimeError("stats(): the last run was not traced; use run(data, trace=True) (or verbose=True, "
-                               "or fill_pipeline() inside `with pipe.tracing():`) to record what stats() summarizes")
-        return timeline.stats()
-
+    @_driving
     def run_one_serial_iter(self, batch: Any, iter_idx: int = 0) -> IterContext:
         """Run one iteration serially on the calling thread, tasks in topological order.
 
         Needs no fill_pipeline() and leaves no state behind. Returns the IterContext.
         """
-        if self._state == "running":
+        if self._active_run() is not None:
             raise RuntimeError("run_one_serial_iter() while pipelined iterations are in flight; call drain() first")
+        return self._serial_iter(batch, iter_idx)
+
+    def _serial_iter(self, batch: Any, iter_idx: int) -> IterContext:
         ctx = IterContext(batch, iter_idx)
         annotate_ranges = self._nvtx or profiler_active()
         for task in self._serial_order:
             try:
                 if annotate_ranges:
-                    run_annotated(f"SWP_serial/{self._label(task)}/iter{iter_idx}", task.exec_fn, ctx, self._nvtx)
+                    run_annotated(f"SWP_serial/{self._shortcuts.label(task.name)}/iter{iter_idx}", task.exec_fn,
+                                  ctx, self._nvtx)
                 else:
                     task.exec_fn(ctx)
+            except StopIteration as exc:
+                raise annotate(stop_iteration_error(exc, task.name, iter_idx), task.name, iter_idx) from exc
             except BaseException as exc:
                 raise annotate(exc, task.name, iter_idx)
         return ctx
 
+    @_driving
     def run_serial(self, data_iter: Iterable[Any], verbose: bool = False, emit_nvtx: bool = False) -> float:
         """Run every batch serially (no threads, default stream) as a baseline; returns seconds."""
+        if self._active_run() is not None:
+            raise RuntimeError("run_serial() while pipelined iterations are in flight; call drain() first")
         self._nvtx = resolve_emit_nvtx(emit_nvtx)
         bar = ProgressLine(f"{type(self).__name__} (serial)", len_or_none(data_iter)) if verbose else None
         start = time.perf_counter()
         try:
             for idx, batch in enumerate(data_iter):
-                self.run_one_serial_iter(batch, idx)
+                self._serial_iter(batch, idx)
                 if bar is not None:
                     bar.step()
             self.device.synchronize()
@@ -316,6 +483,8 @@ class _PipelineBase:
             if bar is not None:
                 bar.close()
         return time.perf_counter() - start
+
+    # -- shortcuts -------------------------------------------------------------------------------
 
     def enable_shortcut(self, *names: str) -> None:
         """Shortcut these tasks: the next execution caches what each leaves on the context, later ones replay it.
@@ -341,234 +510,57 @@ class _PipelineBase:
         """The names of the shortcut tasks, sorted."""
         return sorted(self._shortcuts.enabled)
 
+    def without_shortcuts(self) -> ContextManager[None]:
+        """Within the block no task is shortcut and no cache exists; afterwards both are as before."""
+        self._require_idle("without_shortcuts")
+        return _Scoped(self._suspend_shortcuts, self._resume_shortcuts)
+
+    def _suspend_shortcuts(self) -> Tuple[Set[str], Dict[str, Any]]:
+        table = self._shortcuts
+        saved = (set(table.enabled), dict(table.caches))
+        table.enabled, table.caches = set(), {}
+        self._refresh_executors()
+        return saved
+
+    def _resume_shortcuts(self, saved: Tuple[Set[str], Dict[str, Any]]) -> None:
+        self._shortcuts.enabled, self._shortcuts.caches = saved
+        self._refresh_executors()
+
+    @property
+    def serial_order(self) -> List[str]:
+        """The tasks in the order a serial iteration runs them (topological; ties by stage, then name)."""
+        return [t.name for t in self._serial_order]
+
+    def _serial_names(self) -> List[str]:
+        return self.serial_order
+
     def _refresh_executors(self) -> None:
         for task in self._tasks:
             task.exec_fn = self._shortcuts.executor(task.task)
 
     def _require_idle(self, what: str) -> None:
-        if self._state == "running":
+        if self._active_run() is not None:
             raise RuntimeError(f"{what}() while iterations are in flight; call drain() first")
+
+    # -- state ----------------------------------------------------------------------------------
 
     @property
     def last_context(self) -> Optional[IterContext]:
         """The IterContext of the iteration the last progress() call retired."""
-        return self._last_ctx
+        run = self._run
+        return run.last_ctx if run is not None else None
+
+    @property
+    def peak_live_contexts(self) -> int:
+        """The most IterContexts alive at once during the current (or last) fill."""
+        run = self._run
+        return run.peak_live_contexts if run is not None else self._peak_live_contexts
 
     def __enter__(self) -> "_PipelineBase":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.drain()
-
-    # -- hooks for the engines -----------------------------------------------------------------
-
-    def _do_fill(self, data_iter: Iterator[Any]) -> None:
-        raise NotImplementedError
-
-    def _do_retire(self, oldest: int, data_iter: Optional[Iterator[Any]]) -> None:
-        raise NotImplementedError
-
-    def _after_task_complete(self, task: TaskRuntime, iter_idx: int) -> None:
-        """Called on the worker thread right after a task's CPU signal is set."""
-
-    # -- iterations --------------------------------------------------------------------------------
-
-    def _fetch(self, data_iter: Optional[Iterator[Any]]) -> Optional[IterContext]:
-        """Create the next iteration's context from the next batch, or None when there is none."""
-        if data_iter is None or self._exhausted:
-            return None
-        idx = self._num_created
-        try:
-            batch = next(data_iter)
-        except StopIteration:
-            self._exhausted = True
-            return None
-        except BaseException as exc:
-            in_flight = sorted(self._contexts)
-            exc.add_note(f"swpipeline: the data iterator raised while fetching the batch for iteration {idx}; "
-                         f"in-flight iterations {in_flight} were abandoned")
-            self._fail(exc)
-        ctx = IterContext(batch, idx)
-        self._contexts[idx] = ctx
-        self.peak_live_contexts = max(self.peak_live_contexts, len(self._contexts))
-        self._board.open_iteration(idx, len(self._tasks))
-        self._num_created = idx + 1
-        return ctx
-
-    def _wait_retire(self, oldest: int) -> None:
-        board = self._board
-        if self._error is not None or not board.is_iteration_done(oldest):
-            if not board.wait_iteration(oldest, self.progress_timeout, self._has_failed):
-                self._fail(ProgressTimeoutError(oldest, board.unfinished(oldest), self.progress_timeout,
-                                                self._blocked_waits(oldest)))
-            if self._error is not None:
-                self._fail(self._error)
-        if self.device.uses_events:
-            default = self.device.default_stream()
-            slot = oldest % self._event_slots
-            for task in self._tasks:
-                if task.waits_at_retire and task.events is not None:
-                    self.device.wait(default, task.events[slot])
-        board.retire(oldest)
-        self._last_ctx = self._contexts.pop(oldest)
-        self._next_retire = oldest + 1
-
-    def _blocked_waits(self, iter_idx: int) -> List[str]:
-        """For each unfinished task of ``iter_idx``, the dependencies it is still missing."""
-        done, names = self._board.done, self._board.names
-        waits = []
-        for task in self._tasks:
-            if done[task.index] > iter_idx:
-                continue
-            missing = [f"{names[d]!r} (iteration {iter_idx})" for d, _ in task.intra if done[d] <= iter_idx]
-            if iter_idx > 0:
-                missing += [f"{names[d]!r} (iteration {iter_idx - 1})" for d, _ in task.inter if done[d] < iter_idx]
-            if missing:
-                waits.append(f"{task.name!r} waits for {', '.join(missing)}")
-        return waits
-
-    def _has_failed(self) -> bool:
-        return self._error is not None
-
-    # -- workers -----------------------------------------------------------------------------------
-
-    def _start_workers(self) -> None:
-        torch_threads = torch.get_num_threads()
-
-        def enter_thread(group: str) -> None:
-            # Torch's intra-op thread count is per OS thread: give workers the caller's setting.
-            torch.set_num_threads(torch_threads)
-            self.device.enter_thread()
-            if self.worker_init is not None:
-                self.worker_init(group)
-
-        run_unit: Callable[..., None] = self._run_unit  # an untraced run takes no recording branch anywhere
-        self._recorder = self._new_recorder() if self._tracing else None
-        if self._recorder is not None:
-            run_unit = partial(self._run_unit_recorded, self._recorder)
-        self._workers = {
-            g: Worker(g, run_unit, self._on_worker_error, self._is_aborted, partial(enter_thread, g))
-            for g in self._groups if g != self._caller_group
-        }
-        self._inline_worker = None
-        if self._caller_group is not None:
-            self._inline_worker = InlineWorker(self._caller_group, run_unit, self._on_worker_error,
-                                               self._is_aborted)
-            self._workers[self._caller_group] = self._inline_worker
-
-    def _new_recorder(self) -> Recorder:
-        device = self.device
-        new_event = None
-        if device.has_timing_events:
-            device.synchronize()  # the recorder's reference event then marks "now" on the device
-            new_event = device.new_timing_event
-        return Recorder(self._tasks, [t.name for t in self._serial_order], type(self).__name__, str(device),
-                        new_event, device.default_stream())
-
-    def _stop_workers(self) -> None:
-        workers, self._workers = self._workers, {}
-        for w in workers.values():
-            w.stop()
-        for w in workers.values():
-            w.join(_JOIN_TIMEOUT_S)
-
-    def _is_aborted(self) -> bool:
-        return self._board.aborted
-
-    def _on_worker_error(self, exc: BaseException, unit: Tuple[Any, ...]) -> None:
-        if isinstance(exc, PipelineAborted):
-            return
-        if unit:
-            annotate(exc, unit[0].name, unit[1].iter_idx)
-        self._record_failure(exc)
-
-    def _fail(self, exc: BaseException) -> NoReturn:
-        """Stop everything, join the workers, and raise ``exc`` in the caller."""
-        self._record_failure(exc)
-        self._stop_workers()
-        self._state = "failed"
-        raise exc
-
-    def _record_failure(self, exc: BaseException) -> None:
-        """Keep the first failure, and wake every thread waiting on the pipeline."""
-        with self._error_lock:
-            if self._error is None:
-                self._error = exc
-        self._wake_all_waiters()
-
-    def _wake_all_waiters(self) -> None:
-        """Abort the signals and the sequencer: every wait raises PipelineAborted from now on."""
-        self._board.abort()
-        self._sequencer.abort()
-
-    def _raise_not_running(self) -> NoReturn:
-        if self._state == "finished":
-            raise StopIteration
-        if self._state == "failed":
-            raise RuntimeError("progress() after the pipeline failed (the error was raised earlier); "
-                               "call drain() and fill_pipeline() to start again")
-        raise RuntimeError("progress() called before fill_pipeline(); call fill_pipeline(data) first")
-
-    # -- one unit of work (runs on a worker thread) -------------------------------------------
-
-    def _run_unit(self, task: TaskRuntime, ctx: IterContext, seq: int) -> None:
-        i = ctx.iter_idx
-        board, device = self._board, self.device
-        done = board.done
-        for dep, dep_events in task.intra:
-            if done[dep] <= i:
-                board.wait_task(dep, i, self.signal_timeout, task.name, i)
-            if dep_events is not None:
-                device.wait(task.stream, dep_events[i % self._event_slots])
-        if i > 0:
-            for dep, dep_events in task.inter:
-                if done[dep] < i:
-                    board.wait_task(dep, i - 1, self.signal_timeout, task.name, i)
-                if dep_events is not None:
-                    device.wait(task.stream, dep_events[(i - 1) % self._event_slots])
-        if seq >= 0:
-            self._sequencer.execute_ordered(seq, partial(self._launch, task, ctx), self.signal_timeout,
-                                            task.name, i)
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.drain()
         else:
-            self._launch(task, ctx)
-        if task.events is not None:
-            device.record(task.events[i % self._event_slots], task.stream)
-        board.complete(task.index, i)
-        self._after_task_complete(task, i)
-
-    def _run_unit_recorded(self, recorder: Recorder, task: TaskRuntime, ctx: IterContext, seq: int) -> None:
-        """``_run_unit`` for traced runs: times the phase-1 waits itself, then runs the unit and records it."""
-        i = ctx.iter_idx
-        period = self._unit_period(task, ctx)  # before the unit: SWPipeline forgets it at retirement
-        board, clock = self._board, time.perf_counter
-        done = board.done
-        ready = deps_done = clock()
-        waits = []
-        for dep, _ in task.intra:
-            if done[dep] <= i:
-                board.wait_task(dep, i, self.signal_timeout, task.name, i)
-                waits.append((dep, i, deps_done, clock()))
-                deps_done = waits[-1][3]
-        if i > 0:
-            for dep, _ in task.inter:
-                if done[dep] < i:
-                    board.wait_task(dep, i - 1, self.signal_timeout, task.name, i)
-                    waits.append((dep, i - 1, deps_done, clock()))
-                    deps_done = waits[-1][3]
-        recorder.begin(task.index)
-        self._run_unit(recorder.runtimes[task.index], ctx, seq)  # its phase-1 waits now return at once
-        recorder.add(task.index, i, period, ready, deps_done, waits or None)
-
-    def _unit_period(self, task: TaskRuntime, ctx: IterContext) -> Optional[int]:
-        """The clock period a unit belongs to, for timelines (None: the engine has no clock)."""
-        return None
-
-    def _launch(self, task: TaskRuntime, ctx: IterContext) -> None:
-        fn = task.exec_fn
-        if self._nvtx or profiler_active():
-            label = f"SWP/{self._label(task)}/iter{ctx.iter_idx}"
-            fn = partial(run_annotated, label, fn, nvtx=self._nvtx)
-        self.device.launch(task.stream, fn, ctx, task.name)
-
-    def _label(self, task: TaskRuntime) -> str:
-        return f"{task.name} [skip]" if task.name in self._shortcuts.enabled else task.name
+            self.abandon()  # an exception (Ctrl-C too) abandons what is in flight instead of running it

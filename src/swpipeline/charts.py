@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:
     from .tables import ScheduleRow
-    from .timeline import PathLike, TaskRecord, Timeline
+    from .records import PathLike, TaskRecord, TimelineData as Timeline
 
 __all__: List[str] = []
 

@@ -1,132 +1,158 @@
-"""DataFlowPipeline: the data-flow engine. A task fires as soon as it can; no clock, no stages.
+"""DataFlowPipeline: the data-flow engine. No clock: work starts as soon as its data is there.
 
-A unit ``(task, i)`` is handed to its worker once all of these hold (under one lock):
+It runs the same plan as ``SWPipeline`` and computes the same thing: every thread
+group runs exactly the same sequence of units, in the same order (the clock-driven
+schedule, ``schedule.Schedule``, read as one sequence per thread group over *virtual*
+periods, iteration ``i`` entering in period ``i``). What it drops is the clock: a unit
+is handed to its worker as soon as its iteration has a context, not when ``progress()``
+reaches its period, so a thread group runs as far ahead as its order, its
+dependencies and the number of live contexts allow.
 
-1. it is the task's next iteration (each task fires its iterations in order, so
-   the CPU signals stay per-task counters, see ``signals.py``);
-2. fewer than ``max_depth`` units of the task are in flight;
-3. iteration ``i`` has a context (its batch was fetched and it is not retired);
-4. every intra dependency is done for ``i``;
-5. every inter dependency is done for ``i - 1``;
-6. (globally ordered tasks only) every globally ordered unit before it in the
-   fixed sequence (iteration-major, then serial task order) has fired.
-
-Contexts are created eagerly, up to ``max_depth`` live at once: dependency-free
-tasks such as a copy burst ahead of the bottleneck and buffer its jitter::
+Contexts are created eagerly, up to ``max_depth`` alive at once: a dependency-free
+task on its own thread group, such as a copy, runs up to ``max_depth - 1`` iterations
+ahead of the bottleneck and buffers its jitter::
 
     max_depth 3   t0    t1    t2    t3    t4
-    Copy          0 1 2       3     4           <- bursts while slots are free
+    Copy          0 1 2       3     4           <- runs ahead while contexts are free
     Compute       0     1     2     3           <- the bottleneck, never starved
 
-Why it cannot deadlock: a unit fires only when its dependencies are *done*, so
-no worker ever blocks on a CPU signal; globally ordered units fire in sequence
-order, so the one with the smallest pending number is at the front of its FIFO
-queue or behind units that never block. The buffer is bounded (``max_depth``
-contexts), and the oldest context always has every task fireable in topological
-order, so retirement, and with it a free slot, always comes.
+Why it cannot deadlock, for a ``max_depth`` that ``__init__`` accepted: order all
+units by (virtual period, position in the submission order). Every wait of a unit (a
+dependency, a turn in the sequencer or on a shared stream, a thread group's FIFO)
+is on a unit earlier in that order, so the earliest unfinished unit can run as soon as
+its iteration has a context. With ``max_depth >= depth`` it always has one (the
+iteration ``max_depth`` older, whose units all come earlier, has retired); a smaller
+``max_depth`` is accepted only if ``Schedule.check`` runs the plan to the end with it.
 """
 
 from __future__ import annotations
 
-import threading
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from .base import _PipelineBase
 from .device import DeviceSpec
+from .executor import AfterComplete
 from .plan import PipelinePlan
-from .runtime import TaskRuntime
+from .run import Run
+from .schedule import Schedule, ScheduleError
 
 __all__: List[str] = []
 
 
+class _Sequences:
+    """DataFlowPipeline's policy for one run: each thread group's units, handed out once their iteration exists."""
+
+    after_complete: Optional[AfterComplete] = None
+
+    def __init__(self, run: Run, schedule: Schedule, max_depth: int) -> None:
+        self.run, self.schedule, self.max_depth = run, schedule, max_depth
+        self.slots = schedule.group_slots()
+        self.highest_stage = {group: max(s.stage for s in slots) for group, slots in self.slots.items()}
+        self.cursors = {group: (0, 0) for group in self.slots}  # (virtual period, next slot) per thread group
+        self.known = 0  # periods 0 .. known-1 are known: their turn-taking units are numbered
+        self.final: Optional[int] = None  # the number of iterations, once the data is exhausted
+
+    def fill(self, data_iter: Iterator[Any]) -> None:
+        self._top_up(data_iter)
+
+    def after_retire(self, oldest: int, data_iter: Optional[Iterator[Any]]) -> None:
+        self._top_up(data_iter)
+
+    def _top_up(self, data_iter: Optional[Iterator[Any]]) -> None:
+        """Fetch batches while fewer than max_depth iterations are alive; hand out what that allows."""
+        run = self.run
+        while len(run.contexts) < self.max_depth and run.fetch(data_iter) is not None:
+            pass
+        if run.exhausted:
+            self.final = run.num_created
+        # Period p is known once iteration p exists (or cannot, the data being exhausted).
+        last = run.num_created - 1 if self.final is None else self.final + self.schedule.depth - 2
+        while self.known <= last:
+            self.schedule.assign_turns(self.known, self._iteration, run.tasks)
+            self.known += 1
+        self._hand_out(run.num_created)
+
+    def _iteration(self, entry: int) -> Optional[int]:
+        """The iteration that entered in virtual period ``entry``: iteration ``entry``, if there is one."""
+        exists = 0 <= entry < self.run.num_created and (self.final is None or entry < self.final)
+        return entry if exists else None
+
+    def _hand_out(self, published: int) -> None:
+        run, final = self.run, self.final
+        for group, slots in self.slots.items():
+            period, k = self.cursors[group]
+            units = []
+            while True:
+                if k == len(slots):
+                    period, k = period + 1, 0
+                    if final is not None and period - self.highest_stage[group] >= final:
+                        break  # every iteration of this group's later periods is past the last one
+                    continue
+                slot = slots[k]
+                it = period - slot.stage
+                if it >= published and final is None:
+                    break  # wait until its iteration has a context
+                if 0 <= it < published:
+                    units.append((run.tasks[slot.index], run.contexts[it], None))
+                k += 1
+            self.cursors[group] = (period, k)
+            if units:
+                run.workers[group].put(units)
+
+
 class DataFlowPipeline(_PipelineBase):
-    """Data-flow software pipeline: at most ``max_depth`` iterations in flight; stages are ignored.
+    """Data-flow software pipeline: at most ``max_depth`` iterations in flight, no period clock.
+
+    Each thread group runs the same units in the same order as ``SWPipeline`` runs them
+    for the same plan (so both compute the same results), each as soon as its iteration
+    has a context and its dependencies are done.
 
     Args:
-        plan: the PipelinePlan (``TaskSchedule.stage`` is ignored).
-        max_depth: the most iterations alive at once (>= 1); 1 behaves like a serial run.
-        device, signal_timeout, progress_timeout, worker_init: as for ``SWPipeline``.
+        plan: the PipelinePlan; its stages follow the same rules as for ``SWPipeline`` and
+            decide the order of the units on each thread group.
+        max_depth: the most iterations alive at once (>= 1). Any ``max_depth >= depth`` works;
+            a smaller one only if the plan's order can complete with that few iterations
+            alive (checked here, with a clear error otherwise).
+        device, signal_timeout, progress_timeout, join_timeout, worker_init: as for ``SWPipeline``.
+
+    Raises:
+        TypeError, ValueError: the plan breaks a stage rule, ``max_depth`` is not a positive int
+            or too small for the plan, or another argument is invalid.
     """
 
     def __init__(self, plan: PipelinePlan, max_depth: int = 2, device: DeviceSpec = None, *,
-                 signal_timeout: float = 30.0, progress_timeout: float = 60.0,
+                 signal_timeout: float = 30.0, progress_timeout: float = 60.0, join_timeout: float = 10.0,
                  worker_init: Optional[Callable[[str], None]] = None) -> None:
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
             raise ValueError(f"max_depth must be an int >= 1 (the most iterations in flight), got {max_depth!r}")
         self.max_depth = max_depth
         super().__init__(plan, max_depth, device, signal_timeout=signal_timeout, progress_timeout=progress_timeout,
-                         worker_init=worker_init)
-        self._fire_lock = threading.Lock()
-        self._downstream: Dict[int, List[TaskRuntime]] = {t.index: [] for t in self._tasks}
-        for task in self._tasks:
-            for dep in set(self.plan.intra[task.name]) | set(self.plan.inter[task.name]):
-                self._downstream[self._by_name[dep].index].append(task)
-        self._ordered = [t for t in self._serial_order if t.globally_ordered]
-        self._ordered_rank = {t.index: k for k, t in enumerate(self._ordered)}
+                         join_timeout=join_timeout, worker_init=worker_init)
+        self._check_max_depth()
 
-    def _reset_state(self) -> None:
-        super()._reset_state()
-        self._next_fire = [0] * len(self._tasks)
-        self._pending = [0] * len(self._tasks)
-        self._next_ordered = 0  # number of globally ordered units fired so far
+    def _check_max_depth(self) -> None:
+        depth, max_depth = self._schedule.depth, self.max_depth
 
-    # -- scheduling ---------------------------------------------------------------------------
+        def runs(live: int) -> Optional[ScheduleError]:
+            try:
+                for num_batches in sorted({1, depth, 2 * depth + live + 1}):
+                    self._schedule.check(num_batches, max_live=live)
+            except ScheduleError as stuck:
+                return stuck
+            return None
 
-    def _do_fill(self, data_iter: Iterator[Any]) -> None:
-        self._advance(data_iter)
+        stuck = runs(max_depth) if max_depth < depth else None
+        if stuck is not None:
+            need = next(live for live in range(max_depth + 1, depth + 1) if runs(live) is None)
+            raise ValueError(
+                f"max_depth={max_depth} is too small for this plan: each thread group runs its units in the order "
+                f"SWPipeline runs them (on a stream, older iterations first; the stages set how iterations "
+                f"interleave), and that order needs {need} iterations alive at once ({stuck.blocked}); use "
+                f"max_depth >= {need}, or lower the stages"
+            )
 
-    def _do_retire(self, oldest: int, data_iter: Optional[Iterator[Any]]) -> None:
-        self._advance(data_iter)
-        with self._fire_lock:
-            self._pump(self._serial_order)
-
-    def _advance(self, data_iter: Optional[Iterator[Any]]) -> None:
-        """Fetch batches while fewer than max_depth iterations are alive; fire what becomes ready."""
-        while len(self._contexts) < self.max_depth:
-            if self._fetch(data_iter) is None:
-                return
-            with self._fire_lock:
-                self._pump(self._serial_order)
-
-    def _after_task_complete(self, task: TaskRuntime, iter_idx: int) -> None:
-        with self._fire_lock:
-            self._pending[task.index] -= 1
-            self._pump([task] + self._downstream[task.index])
-
-    def _pump(self, candidates: Iterable[TaskRuntime]) -> None:
-        """Fire every unit that became ready, following the consequences of each fire (lock held)."""
-        work = list(candidates)
-        while work:
-            task = work.pop()
-            if self._try_fire(task):
-                work.append(task)  # its next iteration may be ready too
-                if task.globally_ordered and self._ordered:
-                    work.append(self._ordered[self._next_ordered % len(self._ordered)])
-
-    def _try_fire(self, task: TaskRuntime) -> bool:
-        i = self._next_fire[task.index]
-        worker = self._workers.get(task.group)
-        if worker is None or self._pending[task.index] >= self.max_depth:
-            return False  # (no worker: the pipeline is stopping)
-        ctx = self._contexts.get(i)
-        if ctx is None:
-            return False
-        done = self._board.done
-        if any(done[d] <= i for d, _ in task.intra):
-            return False
-        if i > 0 and any(done[d] < i for d, _ in task.inter):
-            return False
-        seq = -1
-        if task.globally_ordered:
-            seq = i * len(self._ordered) + self._ordered_rank[task.index]
-            if seq != self._next_ordered:
-                return False
-            self._next_ordered = seq + 1
-            self._sequencer.announce(seq, task.name)
-        self._next_fire[task.index] = i + 1
-        self._pending[task.index] += 1
-        worker.put(((task, ctx, seq),))
-        return True
+    def _new_policy(self, run: Run) -> _Sequences:
+        return _Sequences(run, self._schedule, self.max_depth)
 
     # -- inspection ---------------------------------------------------------------------------
 
@@ -135,4 +161,3 @@ class DataFlowPipeline(_PipelineBase):
         return (f"DataFlowPipeline(device={self.device}, max_depth={self.max_depth}, "
                 f"tasks={[t.name for t in self._serial_order]}, shortcuts={self.shortcuts}, "
                 f"intra_iter_deps={deps}, inter_iter_deps={ {k: v for k, v in self.plan.inter.items() if v} })")
-

@@ -46,30 +46,54 @@ class ProgressTimeoutError(PipelineTimeoutError):
 
 
 class SequencerTimeoutError(PipelineTimeoutError):
-    """A globally ordered task waited longer than ``signal_timeout`` for its turn."""
+    """A task waited longer than ``signal_timeout`` for its turn (globally ordered, or on a shared stream)."""
 
-    def __init__(self, task: str, iter_idx: int, seq: int, next_seq: int, timeout: float,
-                 holder: Optional[str]) -> None:
+    def __init__(self, task: str, iter_idx: int, seq: Optional[int], next_seq: int, timeout: float,
+                 holder: Optional[str], what: str = "the sequencer") -> None:
         waiting_for = f" (the turn belongs to {holder!r})" if holder else ""
+        kind = "globally ordered task" if what == "the sequencer" else f"task on {what}"
+        if seq is None:
+            turn = ("its turn, which was never assigned (the units before it in the schedule are not known yet: "
+                    "an iteration was not fetched)")
+        else:
+            turn = f"its turn #{seq}"
         super().__init__(
-            f"globally ordered task {task!r} (iteration {iter_idx}) waited {timeout:g} s for its turn "
-            f"#{seq}; the sequencer is still at #{next_seq}{waiting_for}"
+            f"{kind} {task!r} (iteration {iter_idx}) waited {timeout:g} s for {turn}; {what} is still at "
+            f"#{next_seq}{waiting_for}"
         )
         self.task = task
         self.iter_idx = iter_idx
 
 
 class PipelineAborted(RuntimeError):
-    """Internal: raised inside worker threads to unwind once the pipeline has failed."""
+    """Internal: raised inside worker threads to unwind once the pipeline has failed or was abandoned."""
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, or nothing if the exception refuses notes (a frozen dataclass, odd ``__notes__``)."""
+    try:
+        exc.add_note(note)
+    except Exception:  # the error path must never fail, nor replace the user's exception
+        pass
 
 
 def annotate(exc: BaseException, task: str, iter_idx: int) -> BaseException:
-    """Attach the task and iteration to an exception raised by a task, once."""
-    if getattr(exc, "swp_task", None) is None:
-        try:
-            setattr(exc, "swp_task", task)
-            setattr(exc, "swp_iter", iter_idx)
-        except AttributeError:  # exotic exception types with __slots__
-            pass
-        exc.add_note(f"swpipeline: raised by task {task!r} at iteration {iter_idx}")
+    """Attach the task and iteration to an exception raised by a task, once; never raises."""
+    try:
+        if getattr(exc, "swp_task", None) is not None:
+            return exc
+        setattr(exc, "swp_task", task)
+        setattr(exc, "swp_iter", iter_idx)
+    except Exception:  # exceptions with __slots__, frozen dataclasses, properties that raise
+        pass
+    add_note(exc, f"swpipeline: raised by task {task!r} at iteration {iter_idx}")
     return exc
+
+
+def stop_iteration_error(exc: StopIteration, task: str, iter_idx: int) -> RuntimeError:
+    """A StopIteration from a task must not look like the end of the data (as PEP 479 does for generators)."""
+    error = RuntimeError(f"task {task!r} raised StopIteration at iteration {iter_idx}; a task must not end the "
+                         f"data (the engine would stop as if the data iterator were exhausted and drop what "
+                         f"is left): raise another exception, or stop the data iterator instead")
+    error.__cause__ = exc
+    return error

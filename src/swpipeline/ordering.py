@@ -29,11 +29,15 @@ __all__: List[str] = []
 
 
 def validate_stages(plan: PipelinePlan) -> None:
-    """Check Corollaries 1 and 3, which make every valid plan deadlock-free on the clock.
+    """Check the two stage rules, which make every valid plan deadlock-free.
+
+    * An intra-iteration dependency is at the same or an earlier stage than its task
+      (a later stage would run in a later period: the task would wait for it forever).
+    * An inter-iteration dependency is at most one stage later than its task (its
+      iteration i-1 then runs in the same period as the task's iteration i, or earlier).
 
     Raises:
-        ValueError: an intra-iteration dependency on a later stage (Corollary 1), or an
-            inter-iteration dependency more than one stage later (Corollary 3).
+        ValueError: a dependency that breaks one of the rules, naming both tasks and the fix.
     """
     for task, deps in plan.intra.items():
         for dep in deps:
@@ -41,8 +45,8 @@ def validate_stages(plan: PipelinePlan) -> None:
                 raise ValueError(
                     f"intra_iter_deps: {task!r} (stage {plan.stage(task)}) depends on {dep!r} "
                     f"(stage {plan.stage(dep)}); a dependency's stage must be <= the task's stage "
-                    f"(Corollary 1: it would run in a later period and never arrive). Raise {task!r}'s "
-                    f"stage, lower {dep!r}'s, or use inter_iter_deps if {task!r} needs iteration i-1"
+                    f"(a later stage runs in a later period: {task!r} would wait for it forever). Raise "
+                    f"{task!r}'s stage, lower {dep!r}'s, or use inter_iter_deps if {task!r} needs iteration i-1"
                 )
     for task, deps in plan.inter.items():
         for dep in deps:
@@ -51,7 +55,8 @@ def validate_stages(plan: PipelinePlan) -> None:
                 raise ValueError(
                     f"inter_iter_deps: {task!r} (stage {plan.stage(task)}) depends on {dep!r} "
                     f"(stage {plan.stage(dep)}) of the previous iteration; the stage gap is {gap} > 1, so "
-                    f"{dep!r} would run in a future period (Corollary 3). Reduce the gap to <= 1"
+                    f"{dep!r} of iteration i-1 would run in a later period than {task!r} of iteration i, which "
+                    f"would wait for it forever. Reduce the gap to <= 1"
                 )
 
 
@@ -111,43 +116,59 @@ def _priority_topo_sort(
     return order
 
 
-def _generational_order(
-    names: Sequence[str], edges: Sequence[Tuple[str, str]], cost: Optional[Dict[str, int]] = None
-) -> List[str]:
-    """Kahn's algorithm in generations: each generation sorted by ``(cost, name)``.
+def stream_orders(plan: PipelinePlan, stream_of: Mapping[str, object]) -> Dict[object, List[str]]:
+    """Each stream's tasks in the order they run within a period: older iterations first.
 
-    Tasks released while a generation is being emitted wait for the next one, so
-    independent chains interleave instead of one chain running to its end first.
+    Stage-descending (a higher stage works on an older iteration), and within one stage
+    in one linear extension of that stage's intra-iteration dependencies that takes, among
+    the tasks free to go, first the one with the fewest cross-stream period-local waits
+    (it cannot stall its stream), then the one declared first. Task names play no part:
+    renaming tasks never changes what runs on a stream.
     """
-    level = _levels(names, edges)
-    key = {n: (level[n], cost[n] if cost else 0) for n in names}
-    return _priority_topo_sort(names, edges, key)
+    index = {name: k for k, name in enumerate(plan.task_names)}
+    cost = stall_costs(plan, stream_of)
+    orders: Dict[object, List[str]] = {}
+    for stage in sorted(_stages(plan), reverse=True):
+        names = [n for n in plan.task_names if plan.stage(n) == stage]
+        members = set(names)
+        edges = [(dep, task) for task in names for dep in plan.intra[task] if dep in members]
+        key = {n: (cost[n], index[n]) for n in names}
+        for name in _priority_topo_sort(names, edges, key):
+            orders.setdefault(stream_of[name], []).append(name)
+    return orders
 
 
 def enqueue_order(plan: PipelinePlan, stream_of: Mapping[str, object]) -> List[str]:
-    """The ready-first submission order of one period.
+    """The submission order of one period.
 
-    A topological order of the period-local graph that, among ready tasks, takes the
-    one with the fewest cross-stream period-local in-edges first (it inserts no
-    stream wait that could stall its stream), breaking ties by name so that every
-    rank computes the same order. Ready tasks are taken in generations (see
-    ``_generational_order``), which is what the seed's SparseDist worked example
-    does: H2D, InputDistStart, ZeroGrad, InputDistWait, WaitBatch, ... (its
-    pseudocode re-sorts the whole ready list instead, which would put
-    InputDistWait before ZeroGrad and contradict that example).
+    A topological order of the period-local graph plus, for every stream, the chain of
+    its tasks in ``stream_orders``: on one stream a period's older iterations always run
+    first, whatever the tasks are called. Between streams only dependencies order the
+    tasks; among the tasks free to go (at most one per stream), the one of the earliest
+    generation (its Kahn level in the period-local graph, so that independent chains
+    interleave) goes first, then the one with the fewest cross-stream period-local waits
+    (the ready-first preference), then by name, so that every rank computes the same
+    order. This reproduces every worked example of the API reference (e.g. SparseDist's
+    H2D, InputDistStart, ZeroGrad, InputDistWait, WaitBatch, ...; P, Q, R, A), and never
+    queues a task behind a cross-stream wait on its own stream when a task it need not
+    wait for could go first.
+
+    Why the stream chains add no cycle: every chain edge, like every period-local edge,
+    goes from a higher stage to a lower one or, within a stage, along one linear extension
+    of that stage's dependencies; so all edges follow the order (stage descending, position
+    in that extension).
     """
     edges = period_local_edges(plan)
-    return _generational_order(plan.task_names, edges, stall_costs(plan, stream_of))
+    chains = [(a, b) for order in stream_orders(plan, stream_of).values() for a, b in zip(order, order[1:])]
+    generation = _levels(plan.task_names, edges)
+    cost = stall_costs(plan, stream_of)
+    key = {n: (generation[n], cost[n]) for n in plan.task_names}
+    return _priority_topo_sort(plan.task_names, edges + chains, key)
 
 
 def stage_descending_order(plan: PipelinePlan) -> List[str]:
-    """The simpler order the ready-first one improves on: stages high to low, topological inside."""
+    """The simpler order the submission order refines: stages high to low, topological (by name) inside."""
     return [n for stage in sorted(_stages(plan), reverse=True) for n in _stage_topo(plan, stage)]
-
-
-def schedule_rows(plan: PipelinePlan) -> List[str]:
-    """Row order of ``print_schedule``: stage-descending, topological (ties by name) within a stage."""
-    return stage_descending_order(plan)
 
 
 def serial_order(plan: PipelinePlan) -> List[str]:
@@ -165,7 +186,8 @@ def _stage_topo(plan: PipelinePlan, stage: int) -> List[str]:
     names = [n for n in plan.task_names if plan.stage(n) == stage]
     members = set(names)
     edges = [(dep, task) for task in names for dep in plan.intra[task] if dep in members]
-    return _generational_order(names, edges)
+    level = _levels(names, edges)
+    return _priority_topo_sort(names, edges, {n: (level[n],) for n in names})
 
 
 def longest_stage_chain(plan: PipelinePlan, order: Optional[List[str]] = None) -> List[str]:

@@ -15,6 +15,8 @@ Guarantees this module gives to the rest of the package:
 
 from __future__ import annotations
 
+import difflib
+import operator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -23,33 +25,58 @@ __all__: List[str] = []
 StreamSpec = Any  # None (default stream), a name (str), or a torch stream object
 
 
+class _EngineField(property):
+    """A context field the engine owns: tasks read it; assigning or deleting it is an error that says why."""
+
+    def __init__(self, slot: str, name: str, why: str) -> None:
+        super().__init__(operator.attrgetter(slot), doc=why)
+        self.field_name, self.why = name, why
+
+    def __set__(self, obj: object, value: object) -> None:
+        raise AttributeError(f"IterContext.{self.field_name} is read-only: {self.why}")
+
+    def __delete__(self, obj: object) -> None:
+        raise AttributeError(f"IterContext.{self.field_name} is read-only: {self.why}")
+
+
 class IterContext:
     """Per-iteration scratch space handed to every task function.
 
     ``batch`` is what the data iterator yielded and ``iter_idx`` the 0-based
-    iteration number; tasks attach intermediate results as attributes
-    (``ctx.x = ...``) and may ``del`` them to free memory early.
+    iteration number; both are read-only (the engine relies on them). Tasks attach
+    intermediate results as attributes (``ctx.x = ...``) and may ``del`` them to free
+    memory early.
     """
 
+    __slots__ = ("_swp_batch", "_swp_iter", "__dict__", "__weakref__")
+
+    batch = _EngineField("_swp_batch", "batch", "it is what the data iterator yielded for this iteration; put "
+                         "a transformed batch in an attribute of your own (ctx.x = ...), which you may del to "
+                         "free it early (the engine drops the batch when the iteration retires)")
+    iter_idx = _EngineField("_swp_iter", "iter_idx", "the engine numbers the iterations and relies on it; keep "
+                            "a value of your own in another attribute")
+
     def __init__(self, batch: Any, iter_idx: int) -> None:
-        self.batch = batch
-        self.iter_idx = iter_idx
+        object.__setattr__(self, "_swp_batch", batch)
+        object.__setattr__(self, "_swp_iter", iter_idx)
 
     def __getattr__(self, name: str) -> Any:  # only reached for attributes that were never set
         if name.startswith("__"):
             raise AttributeError(name)
-        have = sorted(k for k in vars(self) if k not in ("batch", "iter_idx"))
+        have = ["batch", "iter_idx", *sorted(vars(self))]
+        close = difflib.get_close_matches(name, have, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise AttributeError(
-            f"IterContext of iteration {self.iter_idx} has no attribute {name!r} (it has {have}); "
-            f"the task that sets it must run first: declare it in intra_iter_deps"
+            f"IterContext of iteration {self.iter_idx} has no attribute {name!r}{hint}; it has "
+            f"{', '.join(have)}. If another task sets {name!r}, that task must run first: declare it in "
+            f"intra_iter_deps (or inter_iter_deps, for the previous iteration's value)"
         )
 
     if TYPE_CHECKING:  # tasks set arbitrary attributes; tell the type checker so
         def __setattr__(self, name: str, value: Any) -> None: ...
 
     def __repr__(self) -> str:
-        extra = sorted(k for k in vars(self) if k not in ("batch", "iter_idx"))
-        return f"IterContext(iter_idx={self.iter_idx}, attrs={extra})"
+        return f"IterContext(iter_idx={self.iter_idx}, attrs={sorted(vars(self))})"
 
 
 @dataclass(frozen=True)
@@ -123,12 +150,43 @@ class TaskSchedule:
     def __post_init__(self) -> None:
         if isinstance(self.stage, bool) or not isinstance(self.stage, int):
             raise TypeError(f"TaskSchedule: stage must be an int, got {self.stage!r}")
+        if self.stage > MAX_STAGE:
+            raise ValueError(
+                f"TaskSchedule: stage {self.stage} is too large: a plan whose deepest stage is s keeps s + 1 "
+                f"iterations (their batches and contexts) in flight; stages are at most {MAX_STAGE}"
+            )
         if not isinstance(self.thread_group, str) or not self.thread_group:
             raise TypeError(f"TaskSchedule: thread_group must be a non-empty str, got {self.thread_group!r}")
         if not isinstance(self.globally_ordered, bool):
             raise TypeError(f"TaskSchedule: globally_ordered must be a bool, got {self.globally_ordered!r}")
-        if isinstance(self.stream, str) and not self.stream:
+        _check_stream(self.stream)
+
+
+MAX_STAGE = 1024
+
+
+def _check_stream(spec: StreamSpec) -> None:
+    """A stream spec is None, a non-empty name, or an object that behaves like a torch stream."""
+    if spec is None:
+        return
+    if isinstance(spec, str):
+        if not spec:
             raise ValueError("TaskSchedule: a stream name must be non-empty (use None for the default stream)")
+        return
+    if callable(getattr(spec, "wait_event", None)) and callable(getattr(spec, "wait_stream", None)):
+        return
+    kind = type(spec)
+    if kind.__module__ == "torch" and kind.__qualname__ == "device":
+        what, hint = f"torch.device {str(spec)!r}", (": a device says where streams live, not which one; give the "
+                                                      "pipeline the device (device=...) and the task a stream name")
+    else:
+        shown = repr(spec)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        what, hint = f"{kind.__qualname__} {shown}", ""
+    raise TypeError(
+        f"TaskSchedule: stream must be None (the default stream), a stream name (str) or a torch stream object; "
+        f"got {what}{hint}"
+    )
 
 
 TaskRef = Union[PipelineTask, str]
@@ -247,11 +305,11 @@ class PipelinePlan:
     def _resolve(self, where: str, ref: Any) -> str:
         if isinstance(ref, PipelineTask):
             name = ref.name
-            known = self.task(name) if name in self.schedules else None
-            if known is not None and known is not ref and known.fn is not ref.fn and not isinstance(known, NamedOnlyTask):
+            if name in self.schedules and self.task(name) is not ref:
                 raise ValueError(
-                    f"{where}: duplicate task name {name!r}: it refers to a different PipelineTask "
-                    f"than the schedule's; use the scheduled task object or its name"
+                    f"{where}: the PipelineTask named {name!r} is not the object in the schedule (another object "
+                    f"with the same name, whose function and io the plan would ignore); refer to the scheduled "
+                    f"task object or to its name"
                 )
         elif isinstance(ref, str):
             name = ref

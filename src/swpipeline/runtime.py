@@ -1,20 +1,31 @@
-"""What the engines know about each task at run time, resolved once at construction."""
+"""What the engines know about each task at run time: resolved once per pipeline, bound once per run."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Tuple
+import copy
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from .device import Device
 from .plan import PipelinePlan, PipelineTask
+from .signals import Turns
 
 __all__: List[str] = []
 
+DepRef = Tuple[int, Optional[List[Any]]]  # (dependency's task index, its events if this stream must wait on them)
+
 
 class TaskRuntime:
-    """What the engine knows about one task at run time (resolved once at construction)."""
+    """What the engine knows about one task at run time.
+
+    A pipeline resolves one per task at construction (stream handle, dependency indices,
+    whether device events are needed); each run works on its own copy (``bind_run``)
+    holding that run's device events, so an earlier run's straggler can never record or
+    wait on a later run's events.
+    """
 
     __slots__ = ("name", "index", "task", "stage", "group", "stream", "stream_label", "globally_ordered",
-                 "intra", "inter", "events", "waits_at_retire", "exec_fn")
+                 "shares_stream", "intra", "inter", "intra_deps", "inter_deps", "needs_events", "events",
+                 "waits_at_retire", "exec_fn", "turns", "stream_turns")
 
     def __init__(self, index: int, task: PipelineTask, stage: int, group: str, stream: Any,
                  stream_label: str, globally_ordered: bool) -> None:
@@ -27,22 +38,25 @@ class TaskRuntime:
         self.stream_label = stream_label
         self.globally_ordered = globally_ordered
         self.exec_fn: Callable[[Any], Any] = task.fn  # task.fn, or its shortcut executor
-        # (dependency index, its events if this task's stream must wait on them, else None)
-        self.intra: List[Tuple[int, Optional[List[Any]]]] = []
-        self.inter: List[Tuple[int, Optional[List[Any]]]] = []
-        self.events: Optional[List[Any]] = None  # one device event per slot, if anyone waits on it
+        # (dependency index, whether it ran on another stream): resolved once
+        self.intra_deps: List[Tuple[int, bool]] = []
+        self.inter_deps: List[Tuple[int, bool]] = []
+        self.needs_events = False  # a consumer on another stream waits on it, or the caller does at retirement
         self.waits_at_retire = False  # a sink on a side stream: the caller's stream waits on it
+        self.shares_stream = False  # its stream is used by several thread groups: units take turns on it
+        # bound per run (bind_run): the same, with the producers' events of that run
+        self.intra: List[DepRef] = []
+        self.inter: List[DepRef] = []
+        self.events: Optional[List[Any]] = None
+        self.turns: Optional[Turns] = None  # the run's sequencer, if globally ordered
+        self.stream_turns: Optional[Turns] = None  # the run's turns on its stream, if it shares the stream
 
     def __repr__(self) -> str:
         return f"<task {self.name} stage={self.stage} group={self.group} stream={self.stream_label}>"
 
 
-def build_tasks(plan: PipelinePlan, device: Device, event_slots: int) -> List[TaskRuntime]:
-    """Resolve every task's stream, dependencies and device events once.
-
-    ``event_slots`` events are allocated per task that some consumer on another
-    stream waits on (or that is a sink on a side stream, waited on at retirement).
-    """
+def build_tasks(plan: PipelinePlan, device: Device) -> List[TaskRuntime]:
+    """Resolve every task's stream and dependencies once (events come per run, from ``bind_run``)."""
     tasks = []
     for index, task in enumerate(plan.tasks):
         sched = plan.schedules[task.name]
@@ -53,18 +67,45 @@ def build_tasks(plan: PipelinePlan, device: Device, event_slots: int) -> List[Ta
     default = device.default_stream()
     cross_stream = {d for t in tasks for d in plan.intra[t.name] + plan.inter[t.name]
                     if by_name[d].stream != t.stream}
+    groups_on: Dict[int, Set[str]] = {}
     for t in tasks:
+        groups_on.setdefault(id(t.stream), set()).add(t.group)
+    for t in tasks:
+        t.shares_stream = len(groups_on[id(t.stream)]) > 1
         t.waits_at_retire = t.name not in consumed and t.stream != default
-        if device.uses_events and (t.name in cross_stream or t.waits_at_retire):
-            # With event_slots = depth + 1, a slot is reused by iteration i + depth + 1 at the earliest,
-            # which is only enqueued after iteration i + 1 (the last possible consumer of i) has retired.
-            t.events = [device.new_event() for _ in range(event_slots)]
-
-    def resolve(t: TaskRuntime, deps: List[str]) -> List[Tuple[int, Optional[List[Any]]]]:
-        return [(by_name[d].index, by_name[d].events if by_name[d].stream != t.stream else None)
-                for d in deps]
-
-    for t in tasks:
-        t.intra = resolve(t, plan.intra[t.name])
-        t.inter = resolve(t, plan.inter[t.name])
+        t.needs_events = device.uses_events and (t.name in cross_stream or t.waits_at_retire)
+        t.intra_deps = [(by_name[d].index, by_name[d].stream != t.stream) for d in plan.intra[t.name]]
+        t.inter_deps = [(by_name[d].index, by_name[d].stream != t.stream) for d in plan.inter[t.name]]
     return tasks
+
+
+def bind_run(tasks: List[TaskRuntime], device: Device, event_slots: int) -> List[TaskRuntime]:
+    """Copies of ``tasks`` for one run: each producer with ``event_slots`` fresh device events, and the
+    run's own turns (one sequencer for the globally ordered tasks, one per stream shared by thread groups).
+
+    With ``event_slots = depth + 1`` a slot is reused by iteration ``i + depth + 1`` at the
+    earliest, which is only enqueued after iteration ``i + 1`` (the last possible consumer
+    of ``i``) has retired.
+    """
+    bound = [copy.copy(t) for t in tasks]
+    sequencer = Turns("the sequencer")
+    on_stream: Dict[int, Turns] = {}
+    for t in bound:
+        t.events = [device.new_event() for _ in range(event_slots)] if t.needs_events else None
+        t.turns = sequencer if t.globally_ordered else None
+        if t.shares_stream:
+            t.stream_turns = on_stream.setdefault(id(t.stream), Turns(f"stream {t.stream_label!r}"))
+    for t in bound:
+        t.intra = [(d, bound[d].events if cross else None) for d, cross in t.intra_deps]
+        t.inter = [(d, bound[d].events if cross else None) for d, cross in t.inter_deps]
+    return bound
+
+
+def all_turns(tasks: List[TaskRuntime]) -> List[Turns]:
+    """Every ``Turns`` of a run's tasks, once each."""
+    found: Dict[int, Turns] = {}
+    for t in tasks:
+        for turns in (t.turns, t.stream_turns):
+            if turns is not None:
+                found[id(turns)] = turns
+    return list(found.values())

@@ -4,115 +4,36 @@ Three ways a task executes (``ShortcutTable.executor`` picks once, when shortcut
 settings change, so a normal task costs nothing extra):
 
 * normal: ``fn(ctx)``;
-* caching (first execution after ``enable_shortcut``): ``fn(ctx)``, then every context
-  attribute the task added, replaced or deleted is cached (tensors detached and
-  cloned, recursively), each ``DeclaredIO.capture()`` result too, and the
-  attributes the task *read* are noted;
-* replay: ``fn`` is skipped; cached attributes are restored as fresh tensors (a
-  new ``detach()`` of the cache every time, so backward never runs through a
-  graph twice), each ``DeclaredIO.restore`` is called, and a gradient bridge
-  (``GraftGrad``) connects restored tensors that require grad to the tensors the
-  task read, so ``loss.backward()`` still reaches the parameters upstream of the
-  shortcut task (with zero gradients: the task's real dependence is gone), while
-  the parameters downstream get exactly the gradients the cached values give.
+* caching (first execution after ``enable_shortcut``): ``fn`` runs on a *recording view*
+  of the context, a stand-in that forwards every read, write and delete to the context
+  and notes them. The cache then holds exactly what this task wrote (a snapshot of the
+  last value it assigned to each attribute, see ``snapshot.py``) and deleted, each
+  ``DeclaredIO.capture()`` result, and the attributes it read. What other tasks do to the
+  same context meanwhile, on other threads, is not in it; the context itself is never
+  modified beyond what the task does (its class stays as it is).
+* replay: ``fn`` is skipped; the task's deletions are repeated, its attributes restored
+  as fresh values, each ``DeclaredIO.restore`` called, and a gradient bridge
+  (``GraftGrad``) connects restored tensors that require grad to the tensors the task
+  read, so ``loss.backward()`` still reaches the parameters upstream of the shortcut
+  task (with zero gradients: the task's real dependence is gone), while the parameters
+  downstream get exactly the gradients the cached values give.
+
+A value a replay cannot reproduce (an iterator, a reference cycle) fails the caching
+execution with a TypeError/ValueError naming the task and the attribute.
 """
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
 
 from .plan import IterContext, PipelineTask
+from .snapshot import Cached, Restorer, Snapshot, Unreplayable
 
 __all__: List[str] = []
-
-_CACHE_TAG = object()  # marks a cached value so restore_val can tell it from plain data
-Cached = Tuple[Any, ...]
-
-
-def cache_val(value: Any, _memo: Optional[Dict[int, Cached]] = None) -> Cached:
-    """A snapshot of ``value``: tensors detached and cloned (keeping requires_grad), containers recursed.
-
-    Dicts, lists, tuples (named tuples too) and objects whose attributes hold
-    tensors (e.g. TorchRec's KeyedJaggedTensor) are rebuilt on restore; anything
-    without tensors is kept by reference.
-    """
-    memo = {} if _memo is None else _memo
-    if id(value) in memo:
-        return memo[id(value)]
-    cached: Cached
-    if isinstance(value, torch.Tensor):
-        cached = (_CACHE_TAG, "t", value.detach().clone(), value.requires_grad)
-    elif isinstance(value, dict):
-        cached = (_CACHE_TAG, "d", type(value), {k: cache_val(v, memo) for k, v in value.items()})
-    elif isinstance(value, list):
-        cached = (_CACHE_TAG, "l", [cache_val(v, memo) for v in value])
-    elif isinstance(value, tuple):
-        cached = (_CACHE_TAG, "u", type(value), [cache_val(v, memo) for v in value])
-    elif _has_tensor_attrs(value):
-        attrs = _attributes(value)
-        memo[id(value)] = (_CACHE_TAG, "v", value)  # breaks reference cycles back to this object
-        cached = (_CACHE_TAG, "o", type(value), {k: cache_val(v, memo) for k, v in attrs.items()})
-    else:
-        cached = (_CACHE_TAG, "v", value)
-    memo[id(value)] = cached
-    return cached
-
-
-def restore_val(cached: Cached) -> Any:
-    """A fresh value from ``cache_val``'s snapshot: new tensor leaves sharing the cached storage."""
-    if not (isinstance(cached, tuple) and cached and cached[0] is _CACHE_TAG):
-        raise TypeError("restore_val expects a value produced by cache_val")
-    kind = cached[1]
-    if kind == "t":
-        tensor = cached[2].detach()
-        return tensor.requires_grad_(True) if cached[3] and tensor.is_floating_point() else tensor
-    if kind == "d":
-        out = cached[2]() if cached[2] is not dict else {}
-        out.update({k: restore_val(v) for k, v in cached[3].items()})
-        return out
-    if kind == "l":
-        return [restore_val(v) for v in cached[2]]
-    if kind == "u":
-        items = [restore_val(v) for v in cached[3]]
-        return tuple(items) if cached[2] is tuple else _make_tuple(cached[2], items)
-    if kind == "o":
-        obj = object.__new__(cached[2])
-        for name, val in cached[3].items():
-            object.__setattr__(obj, name, restore_val(val))
-        return obj
-    return cached[2]
-
-
-def _make_tuple(kind: type, items: List[Any]) -> Any:
-    return kind(*items) if hasattr(kind, "_fields") else kind(items)
-
-
-def _attributes(obj: Any) -> Dict[str, Any]:
-    attrs = dict(getattr(obj, "__dict__", {}))
-    for klass in type(obj).__mro__:
-        for slot in getattr(klass, "__slots__", ()):
-            if slot not in ("__dict__", "__weakref__") and hasattr(obj, slot):
-                attrs[slot] = getattr(obj, slot)
-    return attrs
-
-
-def _has_tensor_attrs(obj: Any) -> bool:
-    if isinstance(obj, (type, torch.nn.Module)) or callable(obj):
-        return False
-    try:
-        attrs = _attributes(obj)
-    except Exception:  # objects with exotic attribute protocols are kept by reference
-        return False
-    return any(isinstance(v, torch.Tensor) or isinstance(v, (list, tuple, dict)) and _holds_tensor(v)
-               for v in attrs.values())
-
-
-def _holds_tensor(container: Any) -> bool:
-    items = container.values() if isinstance(container, dict) else container
-    return any(isinstance(v, torch.Tensor) for v in items)
 
 
 def _flat_tensors(value: Any, out: List[torch.Tensor], depth: int = 0) -> None:
@@ -143,14 +64,113 @@ class GraftGrad(torch.autograd.Function):
 _graft: Callable[..., torch.Tensor] = GraftGrad.apply  # typed handle on the untyped autograd entry point
 
 
-class _ReadTracker(IterContext):
-    """Swapped in as the context's class while a task is being cached, to note what it reads."""
+class _Journal:
+    """What one caching execution of a task did to its context, in effect (last write or delete per name)."""
+
+    _DELETED = object()
+
+    def __init__(self, target: IterContext) -> None:
+        self.target = target
+        self.final: Dict[str, Any] = {}  # name -> last value written, or _DELETED
+        self.existed: Dict[str, bool] = {}  # name -> present before the task first touched it
+        self.reads: Set[str] = set()
+
+    def read(self, name: str) -> None:
+        if name not in self.final:
+            self.reads.add(name)
+
+    def touch(self, name: str) -> None:
+        if name not in self.existed:
+            self.existed[name] = name in vars(self.target)
+
+    def write(self, name: str, value: Any) -> None:
+        self.final[name] = value
+
+    def delete(self, name: str) -> None:
+        self.final[name] = self._DELETED
+
+    def cache(self, task: PipelineTask) -> "TaskCache":
+        snapshot = Snapshot()
+        cache = TaskCache()
+        for name, value in self.final.items():
+            if value is self._DELETED:
+                if self.existed[name]:
+                    cache.deleted.append(name)
+                continue
+            try:
+                cache.set_attrs[name] = snapshot.take(value)
+            except Unreplayable as why:
+                raise why.error_type(f"task {task.name!r} set ctx.{name} to {why.what}, {why.why}; or do not "
+                                     f"shortcut {task.name!r}") from None
+        cache.read_attrs = sorted(n for n in self.reads if n in vars(self.target) and n not in cache.set_attrs)
+        for k, io in enumerate(task.io):
+            try:
+                cache.io_values.append(snapshot.take(io.capture()))
+            except Unreplayable as why:
+                raise why.error_type(f"task {task.name!r}: DeclaredIO #{k} capture() returned {why.what}, "
+                                     f"{why.why}; or do not shortcut {task.name!r}") from None
+        return cache
+
+
+class _RecordingDict(MutableMapping):  # type: ignore[type-arg]
+    """``vars(view)`` for a recording view: the context's attribute dict, with every access noted."""
+
+    def __init__(self, journal: _Journal) -> None:
+        self._journal = journal
+        self._attrs = vars(journal.target)
+
+    def __getitem__(self, name: str) -> Any:
+        self._journal.read(name)
+        return self._attrs[name]
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self._journal.touch(name)
+        self._attrs[name] = value
+        self._journal.write(name, value)
+
+    def __delitem__(self, name: str) -> None:
+        self._journal.touch(name)
+        del self._attrs[name]
+        self._journal.delete(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._attrs))
+
+    def __len__(self) -> int:
+        return len(self._attrs)
+
+
+class _RecordingView(IterContext):
+    """Handed to a task while it is being cached: forwards everything to the context and notes it."""
+
+    __slots__ = ("_swp_journal",)
+
+    def __init__(self, journal: _Journal) -> None:  # noqa: super().__init__ is deliberately not called
+        object.__setattr__(self, "_swp_journal", journal)
 
     def __getattribute__(self, name: str) -> Any:
-        reads = object.__getattribute__(self, "__dict__").get("_swp_reads")
-        if reads is not None and not name.startswith("_"):
-            reads.add(name)
-        return object.__getattribute__(self, name)
+        journal: _Journal = object.__getattribute__(self, "_swp_journal")
+        if name == "__dict__":
+            return _RecordingDict(journal)
+        if name.startswith("__") and name.endswith("__"):
+            return object.__getattribute__(self, name)
+        journal.read(name)
+        return getattr(journal.target, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        journal: _Journal = object.__getattribute__(self, "_swp_journal")
+        journal.touch(name)
+        setattr(journal.target, name, value)
+        journal.write(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        journal: _Journal = object.__getattribute__(self, "_swp_journal")
+        journal.touch(name)
+        delattr(journal.target, name)
+        journal.delete(name)
+
+    def __repr__(self) -> str:
+        return repr(object.__getattribute__(self, "_swp_journal").target)
 
 
 @dataclass
@@ -196,34 +216,18 @@ class ShortcutTable:
             return task.fn
         return lambda ctx: self._run_shortcut(task, ctx)
 
+    def label(self, name: str) -> str:
+        """A task's name as schedules and profiler ranges show it (``Name [skip]`` when shortcut)."""
+        return f"{name} [skip]" if name in self.enabled else name
+
     def _run_shortcut(self, task: PipelineTask, ctx: IterContext) -> None:
         cache = self.caches.get(task.name)
         if cache is None:
-            self.caches[task.name] = self._cache(task, ctx)
+            journal = _Journal(ctx)
+            task.fn(_RecordingView(journal))
+            self.caches[task.name] = journal.cache(task)
         else:
             _replay(task, ctx, cache)
-
-    @staticmethod
-    def _cache(task: PipelineTask, ctx: IterContext) -> TaskCache:
-        before = {k: id(v) for k, v in vars(ctx).items()}
-        reads: Set[str] = set()
-        klass = type(ctx)
-        vars(ctx)["_swp_reads"] = reads
-        ctx.__class__ = _ReadTracker
-        try:
-            task.fn(ctx)
-        finally:
-            ctx.__class__ = klass
-            vars(ctx).pop("_swp_reads", None)
-        after = vars(ctx)
-        cache = TaskCache()
-        for name, value in after.items():
-            if before.get(name) != id(value):
-                cache.set_attrs[name] = cache_val(value)
-        cache.deleted = [k for k in before if k not in after]
-        cache.read_attrs = sorted(n for n in reads if n in before and n not in cache.set_attrs)
-        cache.io_values = [cache_val(io.capture()) for io in task.io]
-        return cache
 
 
 def _replay(task: PipelineTask, ctx: IterContext, cache: TaskCache) -> None:
@@ -231,13 +235,14 @@ def _replay(task: PipelineTask, ctx: IterContext, cache: TaskCache) -> None:
     for name in cache.read_attrs:
         _flat_tensors(getattr(ctx, name, None), upstream)
     upstream = [u for u in upstream if u.requires_grad]
+    attrs = vars(ctx)
     for name in cache.deleted:
-        if hasattr(ctx, name):
-            delattr(ctx, name)
+        attrs.pop(name, None)
+    restorer = Restorer()
     for name, cached in cache.set_attrs.items():
-        value = restore_val(cached)
+        value = restorer.give(cached)
         if upstream and isinstance(value, torch.Tensor) and value.requires_grad:
             value = _graft(value, *upstream)
         setattr(ctx, name, value)
     for io, cached in zip(task.io, cache.io_values):
-        io.restore(restore_val(cached))
+        io.restore(restorer.give(cached))

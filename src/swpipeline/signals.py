@@ -1,5 +1,9 @@
 """Phase 1 of the two-phase protocol: CPU signals, plus iteration countdowns and abort.
 
+Both classes here belong to one run (one ``fill_pipeline()``): a new run makes new
+ones, so a thread of an earlier run can never complete, wake or abort anything of a
+later run. Neither is ever reset.
+
 A CPU signal says "task T has finished (host side, events recorded) iteration i".
 Every task finishes its iterations in increasing order (it runs on one worker
 thread, which receives them in order), so one counter per task is a complete
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Tuple
 
 from .errors import DependencyTimeoutError, PipelineAborted, SequencerTimeoutError
 
@@ -42,12 +46,6 @@ class CompletionBoard:
         self._iter_waiter = False
         self._remaining: Dict[int, int] = {}
         self.aborted = False
-
-    def reset(self) -> None:
-        with self.lock:
-            self.done = [0] * len(self.names)
-            self._remaining.clear()
-            self.aborted = False
 
     def open_iteration(self, iter_idx: int, num_tasks: int) -> None:
         with self.lock:
@@ -84,6 +82,9 @@ class CompletionBoard:
     def is_iteration_done(self, iter_idx: int) -> bool:
         return self._remaining.get(iter_idx, 0) == 0
 
+    def is_aborted(self) -> bool:
+        return self.aborted
+
     def wait_iteration(self, iter_idx: int, timeout: float, failed: Callable[[], bool]) -> bool:
         """Block until every task of ``iter_idx`` is done (True), ``failed()`` turns true, or time runs out."""
         deadline = time.monotonic() + timeout
@@ -115,48 +116,64 @@ class CompletionBoard:
             self._iter_cond.notify_all()
 
 
-class SubmissionSequencer:
-    """Lets globally ordered tasks run in one pre-assigned sequence, whatever thread they are on.
+Key = Tuple[int, int]  # (task index, iteration)
 
-    Every rank assigns the same numbers (they follow the enqueue order), so
-    collectives are issued in the same order on every rank.
+
+class Turns:
+    """Units that must start in one pre-assigned order, whatever thread runs them.
+
+    Two uses: the *sequencer* of globally ordered tasks (every rank assigns the same
+    numbers, so collectives are issued in the same order on every rank), and each
+    stream shared by several thread groups (its units start in the schedule's order,
+    never in the order threads happen to reach it).
+
+    The engine ``assign``s numbers to units in the schedule's order as soon as it knows
+    which units exist (the clock-driven engine when it releases a period; the data-flow
+    engine once the iterations of a period are known), possibly after the unit was
+    handed to its worker; ``run_in_turn`` waits both for the unit's number and its turn.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, what: str) -> None:
+        self.what = what  # "the sequencer", or "stream 'default'": for messages
         self._cond = threading.Condition()
-        self._next_seq = 0
+        self._numbers: Dict[Key, int] = {}
         self._holders: Dict[int, str] = {}
+        self._assigned = 0  # numbers handed out so far
+        self._next = 0  # the number whose turn it is
         self.aborted = False
 
-    def reset(self) -> None:
+    def assign(self, key: Key, label: str) -> int:
+        """Give ``key`` the next number; ``label`` names the unit in timeout messages."""
         with self._cond:
-            self._next_seq = 0
-            self._holders.clear()
-            self.aborted = False
+            number = self._assigned
+            self._assigned = number + 1
+            self._numbers[key] = number
+            self._holders[number] = label
+            self._cond.notify_all()
+        return number
 
-    def announce(self, seq: int, task: str) -> None:
-        """Record which task owns ``seq`` (for timeout messages)."""
-        self._holders[seq] = task
-
-    def execute_ordered(self, seq: int, fn: Callable[[], None], timeout: float = 30.0,
-                        task: str = "?", iter_idx: int = -1) -> None:
-        """Wait until it is ``seq``'s turn, run ``fn``, then pass the turn on."""
+    def run_in_turn(self, key: Key, fn: Callable[[], None], timeout: float, task: str, iter_idx: int) -> None:
+        """Wait until ``key`` has a number and it is its turn, run ``fn``, then pass the turn on."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._next_seq != seq:
+            while True:
+                number = self._numbers.get(key)
+                if number is not None and number == self._next:
+                    break
                 if self.aborted:
                     raise PipelineAborted()
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise SequencerTimeoutError(task, iter_idx, seq, self._next_seq, timeout,
-                                                self._holders.get(self._next_seq))
+                    raise SequencerTimeoutError(task, iter_idx, number, self._next, timeout,
+                                                self._holders.get(self._next), self.what)
                 self._cond.wait(left)
+            del self._numbers[key]
         try:
             fn()
         finally:
             with self._cond:
-                self._holders.pop(seq, None)
-                self._next_seq = seq + 1
+                self._holders.pop(number, None)
+                self._next = number + 1
                 self._cond.notify_all()
 
     def abort(self) -> None:
@@ -165,5 +182,5 @@ class SubmissionSequencer:
             self._cond.notify_all()
 
     @property
-    def next_seq(self) -> Optional[int]:
-        return self._next_seq
+    def next_turn(self) -> int:
+        return self._next

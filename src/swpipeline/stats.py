@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Sequence, Tuple
 
 if TYPE_CHECKING:
-    from .timeline import TaskRecord, Timeline
+    from .records import TaskRecord, TimelineData as Timeline
 
 __all__: List[str] = []
 

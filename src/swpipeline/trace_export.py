@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List
 
 if TYPE_CHECKING:
-    from .timeline import PathLike, TaskRecord, Timeline
+    from .records import PathLike, TaskRecord, TimelineData as Timeline
 
 __all__: List[str] = []
 

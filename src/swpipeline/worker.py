@@ -1,28 +1,34 @@
-"""One worker thread per thread group, fed through a FIFO queue.
+"""One worker thread per thread group and run, fed through a FIFO queue.
 
 A queue item is a *batch* of work units that the worker runs in order: the
 clock-driven engine puts one batch per thread group per period (one hand-off
 between threads per period, not per task); the data-flow engine puts one unit at
-a time. A worker never dies on an exception: it reports it through ``on_error``
-and keeps consuming (skipping) items until it receives the stop sentinel, so the
-thread that stops it can always join it.
+a time. A unit is ``(task, ctx, seq, period)``.
+
+Guarantees:
+
+* a worker never dies silently: an exception from a unit (or from its thread's
+  set-up) is handed to ``report``, which cannot fail, and the worker then stops;
+* after its run is aborted a worker starts no further unit: it checks before each;
+* ``current`` is the unit it is running (None between units), so that a straggler
+  can be named and a task that drives its own pipeline can be recognised.
 """
 
 from __future__ import annotations
 
 import collections
 import ctypes
-import logging
 import queue
+import signal
 import sys
 import threading
-from typing import Any, Callable, Deque, List, Sequence, Tuple, Union
+import time
+from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple, Union
 
 __all__: List[str] = []
 
-logger = logging.getLogger("swpipeline")
-
 Unit = Tuple[Any, ...]
+Report = Callable[[BaseException, Optional[Unit]], None]
 _STOP = object()
 _PR_SET_NAME = 15  # linux/prctl.h
 
@@ -41,104 +47,164 @@ def name_os_thread(name: str) -> None:
         pass
 
 
-class Worker:
-    """A thread that runs the units put to it, in order, until stopped."""
+class held_interrupts:
+    """On the main thread, hold Ctrl-C (SIGINT) for the block: it is raised just before or right after it.
 
-    def __init__(
-        self,
-        group: str,
-        run_unit: Callable[..., None],
-        on_error: Callable[[BaseException, Unit], None],
-        is_aborted: Callable[[], bool],
-        enter_thread: Callable[[], None],
-    ) -> None:
+    A Ctrl-C that already arrived is raised on entry, before the block starts; one that
+    arrives during the block waits (blocked by the OS) and is raised at the first Python
+    call after it. Elsewhere (other threads, systems without ``pthread_sigmask``) it does nothing.
+    """
+
+    def __enter__(self) -> None:
+        self._unblock = False
+        if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+            return
+        if signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []):  # (a query) held already
+            return
+        try:
+            self._unblock = True
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            _checkpoint()  # a Python-level call: a Ctrl-C already pending is raised here
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            raise
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._unblock:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _checkpoint() -> None:
+    """Nothing; calling it lets the interpreter run pending signal handlers."""
+
+
+class Worker:
+    """A thread that runs the units put to it, in order, until stopped, aborted or failed."""
+
+    def __init__(self, group: str, run_unit: Callable[..., None], report: Report, is_aborted: Callable[[], bool],
+                 enter_thread: Callable[[], None]) -> None:
         self.group = group
+        self.current: Optional[Unit] = None
         self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._run_unit = run_unit
-        self._on_error = on_error
+        self._report = report
         self._is_aborted = is_aborted
         self._enter_thread = enter_thread
-        self._thread = threading.Thread(target=self._loop, name=f"swp-{group}", daemon=True)
-        self._thread.start()
+        self._launched = False
+        self._finished = threading.Event()  # set by the thread itself, as the last thing it does
+        self.thread = threading.Thread(target=self._loop, name=f"swp-{group}", daemon=True)
+        # CPython keeps every Thread in a WeakSet whose callback runs when the Thread is freed, often on the
+        # caller's thread; a Ctrl-C landing in that callback is printed and ignored. Our threads need no such
+        # bookkeeping (the pipeline joins them), so they are taken out of it.
+        dangling = getattr(threading, "_dangling", None)
+        if dangling is not None:
+            dangling.discard(self.thread)
+
+    def start(self) -> None:
+        self._launched = True
+        # Thread.start() waits for the new thread to come up; an interrupt in that wait would leave a
+        # thread running that start() reported as failed. Hold Ctrl-C until it returns.
+        with held_interrupts():
+            self.thread.start()
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the thread to end.
+
+        It waits for the worker's own end-of-thread signal, not ``Thread.join`` alone: a Ctrl-C
+        landing inside ``Thread.join`` can make it mark a thread stopped that still runs
+        (CPython bpo-45274), after which ``Thread.join`` returns at once.
+        """
+        if not self._launched:
+            return
+        deadline = time.monotonic() + timeout
+        if not self._finished.wait(timeout):
+            return  # still running: a straggler
+        while any(t is self.thread for t in threading.enumerate()):  # its last few instructions
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.0002)
 
     def put(self, units: Sequence[Unit]) -> None:
         self._queue.put(units)
 
     def stop(self) -> None:
+        """Ask the thread to end once it is between units (it ends at once if it is waiting for work)."""
         self._queue.put(_STOP)
-
-    def join(self, timeout: float) -> bool:
-        """Join the thread; False if it is still alive after ``timeout`` (a task never returned)."""
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            logger.warning("worker thread %r did not stop within %.1f s (a task is still running)",
-                           self._thread.name, timeout)
-            return False
-        return True
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._launched and not self._finished.is_set()
 
     def _loop(self) -> None:
-        name_os_thread(self._thread.name)
+        try:
+            self._serve()
+        finally:
+            self._finished.set()
+
+    def _serve(self) -> None:
+        name_os_thread(self.thread.name)
         try:
             self._enter_thread()
-        except BaseException as exc:  # report, then keep draining so the stopper can join us
-            self._on_error(exc, ())
-        get = self._queue.get
-        run_unit = self._run_unit
+        except BaseException as exc:
+            self._report(exc, None)
+            return
+        get, run_unit, is_aborted = self._queue.get, self._run_unit, self._is_aborted
         while True:
             units = get()
             if units is _STOP:
                 return
             for unit in units:
-                if self._is_aborted():
-                    break
+                if is_aborted():
+                    return
+                self.current = unit
                 try:
                     run_unit(*unit)
                 except BaseException as exc:
-                    self._on_error(exc, unit)
-                    break
+                    self.current = None
+                    self._report(exc, unit)
+                    return
+                self.current = None
 
 
 class InlineWorker:
     """A thread group whose units run on the thread that calls ``progress()``, not on a worker thread.
 
     Units queue up as for a ``Worker``; ``run_queued()`` runs them in order, stopping at
-    the first failure (reported through ``on_error``) exactly as a worker thread does.
+    the first failure (reported through ``report``) exactly as a worker thread does.
     """
 
-    def __init__(self, group: str, run_unit: Callable[..., None],
-                 on_error: Callable[[BaseException, Unit], None], is_aborted: Callable[[], bool]) -> None:
+    def __init__(self, group: str, run_unit: Callable[..., None], report: Report,
+                 is_aborted: Callable[[], bool]) -> None:
         self.group = group
+        self.current: Optional[Unit] = None
+        self.thread: Optional[threading.Thread] = None
         self._queue: Deque[Sequence[Unit]] = collections.deque()
         self._run_unit = run_unit
-        self._on_error = on_error
+        self._report = report
         self._is_aborted = is_aborted
 
     def put(self, units: Sequence[Unit]) -> None:
         self._queue.append(units)
 
     def run_queued(self) -> None:
-        queue = self._queue
-        while queue:
-            for unit in queue.popleft():
+        pending = self._queue
+        while pending:
+            for unit in pending.popleft():
                 if self._is_aborted():
-                    queue.clear()
+                    pending.clear()
                     return
+                self.current = unit
                 try:
                     self._run_unit(*unit)
                 except BaseException as exc:
-                    self._on_error(exc, unit)
-                    queue.clear()
+                    self.current = None
+                    pending.clear()
+                    self._report(exc, unit)
                     return
+                self.current = None
 
     def stop(self) -> None:
         self._queue.clear()
-
-    def join(self, timeout: float) -> bool:
-        return True
 
     @property
     def alive(self) -> bool:

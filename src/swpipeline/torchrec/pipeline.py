@@ -27,8 +27,9 @@ import torch
 
 from ..plan import IterContext, PipelinePlan
 from .feed import BatchFeed, RankAgreement
-from .model_state import ModelRuntime
 from ..clocked import SWPipeline
+from .model_state import ModelRuntime
+from .tasks import batch_of
 
 __all__: List[str] = []
 
@@ -72,6 +73,8 @@ class PlannedTrainPipeline:
         self.engine = SWPipeline(plan, device=device, signal_timeout=signal_timeout,
                                  progress_timeout=progress_timeout,
                                  caller_thread_group="default" if lockstep and caller_thread else None)
+        if lockstep and not caller_thread:
+            self._check_lockstep_on_a_worker()
         self._feed: Optional[BatchFeed] = None
         self._running = False
         self._failed = False
@@ -117,6 +120,15 @@ class PlannedTrainPipeline:
             raise
         self.steps += 1
         return self._output_of(ctx)
+
+    def _check_lockstep_on_a_worker(self) -> None:
+        """On a worker thread, lockstep is exact only if each period's last default task retires the step."""
+        default = [n for n in self.engine.enqueue_order if self.plan.schedules[n].thread_group == "default"]
+        if default and self.plan.stage(default[-1]) != self.engine.depth - 1:
+            raise ValueError(
+                f"caller_thread=False: the default thread group's last task of a period, {default[-1]!r}, works on "
+                f"a newer batch than the step being retired, so it would still run on the worker after "
+                f"progress() returns; use caller_thread=True (the default) or lockstep=False")
 
     def _start(self, dataloader_iter: Iterator[Any]) -> None:
         feed = self._feed
@@ -170,7 +182,7 @@ class PlannedTrainPipeline:
             raise RuntimeError("attach(): this pipeline has no model")
         oldest = self._oldest_in_flight()
         self.runtime.attach(model, oldest.context if oldest is not None else None,
-                            oldest.batch if oldest is not None and sparse_dist else None)
+                            batch_of(oldest) if oldest is not None and sparse_dist else None)
 
     def _oldest_in_flight(self) -> Optional[IterContext]:
         if not self._running:

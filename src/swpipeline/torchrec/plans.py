@@ -8,10 +8,13 @@ order (docs/torchrec.md explains each):
 * PT2, EvalSparseDist, EvalFusedSparseDist: the seed lists no dependencies; a
   plan without them runs a stage's tasks in name order (Backward before
   Forward), so the chains TorchRec's ``progress()`` follows are declared.
-* SemiSync: ``EmbLookup(i)`` depends on ``Forward(i-1)``, not ``Backward(i-1)``.
-  With the seed's pair the ready-first order puts ``EmbLookup(i)`` after
-  ``EmbBackward(i-1)`` (a tie broken by name), which is synchronous training;
-  TorchRec's semi-sync looks batch i up *before* batch i-1's embedding backward.
+* SemiSync: ``EmbLookup`` is at stage 1 (the seed: stage 2, with ``EmbLookup(i)``
+  after ``Backward(i-1)``). TorchRec's semi-sync looks batch i+1 up *before* batch i's
+  embedding update (EmbBackward) and after batch i-1's. On one stream a period runs
+  its older iterations first, so a lookup one stage below the update would follow
+  it (synchronous training); two stages below, it runs in the period before. The
+  order is then stated by the stages alone, on one stream, with no inter-iteration
+  pair and nothing left to a tie between task names.
 * SparseDist, FusedSparseDist, CompAutograd: ``InputDistWait(i)`` after
   ``WaitBatch(i-1)``, an ordering pair that puts InputDistWait(i+1) right after
   Forward(i) as in TorchRec (and in seed 001's step list); the seed's pairs alone
@@ -130,15 +133,17 @@ FUSED_SPARSE_DIST = PlanSpec(
     inter=(("EmbLookup", "Backward"), ("Forward", "OptimizerStep")) + _WAIT_AFTER_FORWARD,
 )
 
+# EmbLookup at stage 1, two stages before the embedding update (EmbBackward, stage 3), both on the default
+# stream: EmbLookup(i+1) runs in the period before EmbBackward(i) and after EmbBackward(i-1), so batch i+1
+# reads embeddings one update old, as TorchRec's semi-sync does (see the module docstring).
 SEMI_SYNC = PlanSpec(
     tasks=(("H2D", 0, "memcpy", False), ("InputDistStart", 1, "data_dist", True),
-           ("InputDistWait", 1, "data_dist", False), ("EmbLookup", 2, None, False), ("ZeroGrad", 3, None, False),
+           ("InputDistWait", 1, "data_dist", False), ("EmbLookup", 1, None, False), ("ZeroGrad", 3, None, False),
            ("Forward", 3, None, False), ("Backward", 3, None, False), ("EmbBackward", 3, None, False),
            ("OptimizerStep", 3, None, False)),
     intra=(("InputDistStart", "H2D"), ("InputDistWait", "InputDistStart"), ("EmbLookup", "InputDistWait"),
            ("Forward", "EmbLookup"), ("Forward", "ZeroGrad"), ("Backward", "Forward"), ("EmbBackward", "Backward"),
            ("OptimizerStep", "EmbBackward")),
-    inter=(("EmbLookup", "Forward"),),
 )
 
 PREFETCH = PlanSpec(

@@ -3,7 +3,8 @@
 Every function takes the iteration's ``IterContext`` and keeps that iteration's
 state on it, never on the pipeline::
 
-    ctx.batch     the batch: host batch from the iterator, the device batch after H2D
+    ctx.batch     the host batch from the iterator (read-only)
+    ctx.data      the batch in its latest form: prepared, then on the device after H2D (``batch_of``)
     ctx.context   the iteration's TrainPipelineContext (input-dist requests, embeddings)
     ctx.losses    forward's losses, until Backward
     ctx.output    forward's output: what progress() returns
@@ -71,6 +72,11 @@ class TaskOptions:
     semi_sync: Optional[SemiSync] = None
 
 
+def batch_of(ctx: IterContext) -> Any:
+    """The batch in its latest form: ``ctx.data`` once a task prepared or copied it, else ``ctx.batch``."""
+    return vars(ctx).get("data", ctx.batch)
+
+
 class TrainTasks:
     """Task functions bound to one ModelRuntime; ``fn(name)`` returns the function for a task name."""
 
@@ -93,28 +99,28 @@ class TrainTasks:
     def load_batch(self, ctx: IterContext) -> None:
         """The engine drew ``ctx.batch`` from the iterator; apply ``prepare_batch`` (PT2's first step)."""
         if self.opt.prepare_batch is not None:
-            ctx.batch = self.opt.prepare_batch(ctx.batch)
+            ctx.data = self.opt.prepare_batch(ctx.batch)
 
     def h2d(self, ctx: IterContext) -> None:
         """Copy the batch to the device (on the memcpy stream) and open the iteration's TrainPipelineContext."""
-        batch = ctx.batch
+        batch = batch_of(ctx)
         if self.opt.prepare_batch is not None and self.opt.pt2 is None:
             batch = self.opt.prepare_batch(batch)
         ctx.context = self.rt.new_context(ctx.iter_idx)
         if self.opt.inplace_copy:
-            ctx.batch = blocks.to_device(batch, self.rt.device, non_blocking=True,
+            ctx.data = blocks.to_device(batch, self.rt.device, non_blocking=True,
                                          data_copy_stream=self.rt.current_stream())
         else:
-            ctx.batch = blocks.to_device(batch, self.rt.device, non_blocking=self.opt.non_blocking_copy)
+            ctx.data = blocks.to_device(batch, self.rt.device, non_blocking=self.opt.non_blocking_copy)
 
     def input_transform(self, ctx: IterContext) -> None:
         """PT2: the input transformer (hints for the compiler), after the copy."""
         transform = self.opt.input_transformer or blocks.default_pipeline_input_transformer
-        ctx.batch = transform(ctx.batch)
+        ctx.data = transform(batch_of(ctx))
 
     def wait_batch(self, ctx: IterContext) -> None:
         """The batch is used on the default stream from here on (the engine already ordered the streams)."""
-        self.rt.record_on_current_stream(ctx.batch)
+        self.rt.record_on_current_stream(batch_of(ctx))
         if self.opt.clear_data_dist_inputs:
             with blocks.stream_context(self.rt.stream(self.opt.data_dist_role)):
                 blocks.clear_input_dist_tensors(ctx.context)
@@ -123,9 +129,9 @@ class TrainTasks:
 
     def input_dist_start(self, ctx: IterContext) -> None:
         """First half of the input dist (splits all-to-all); on the first batch, rewrite the model first."""
-        self.rt.record_on_current_stream(ctx.batch)
+        self.rt.record_on_current_stream(batch_of(ctx))
         first = not self.rt.pipelined_modules
-        self.rt.ensure_pipelined(ctx.batch, ctx.context, self.opt.data_dist_role)
+        self.rt.ensure_pipelined(batch_of(ctx), ctx.context, self.opt.data_dist_role)
         if first and self.opt.semi_sync is not None:
             self._check_optimizer_disjoint(self.opt.semi_sync.strict)
 
@@ -183,9 +189,9 @@ class TrainTasks:
             self.opt.pt2.before_forward(self.rt.model)
         with self._forward_context():
             if self.opt.plain_model_forward:
-                losses, output = self.rt.model(ctx.batch)
+                losses, output = self.rt.model(batch_of(ctx))
             else:
-                losses, output = self.rt.model_fwd(ctx.batch)
+                losses, output = self.rt.model_fwd(batch_of(ctx))
         ctx.losses, ctx.output = losses, output
         if self.opt.semi_sync is not None:
             ctx.context.postproc_fwd_results.clear()

@@ -1,0 +1,110 @@
+"""One unit of work: the two-phase protocol, written once.
+
+A unit ``(task, ctx, period)`` runs on its thread group's worker::
+
+    for dep in deps:                    # intra: iteration i; inter: iteration i-1
+        wait(dep, it)                   # phase 1: CPU signal (returns at once if done)
+        device.wait(stream, event)      # phase 2: only if dep ran on another stream
+    launch(task, ctx)                   # fn(ctx) with the task's stream current, in its turns:
+                                        #   on its stream, if several thread groups share it;
+                                        #   in the sequencer, if it is globally ordered
+    device.record(event, stream)        # only if a consumer is on another stream
+    board.complete(task, i)             # sets the CPU signal
+    after_complete(task, i)             # the engine's hook, if it has one
+
+A traced run wraps this same function (``traced``): it times the phase-1 waits
+through the ``wait`` it passes in and the task body through the recorder's shadow
+task; nothing of the protocol is repeated, and an untraced run takes no recording
+branch anywhere.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+
+from .annotations import profiler_active, run_annotated
+from .device import Device
+from .plan import IterContext
+from .runtime import TaskRuntime
+
+if TYPE_CHECKING:
+    from .signals import CompletionBoard
+    from .timeline import Recorder
+
+__all__: List[str] = []
+
+RunUnit = Callable[[TaskRuntime, IterContext, Optional[int]], None]
+AfterComplete = Callable[[TaskRuntime, int], None]
+
+
+def make_launch(device: Device, labels: Dict[int, str], nvtx: bool,
+                cancelled: Callable[[], bool]) -> Callable[[TaskRuntime, IterContext], None]:
+    """Run a task's function on its stream, inside a ``SWP/{label}/iter{N}`` range when one is recorded."""
+
+    def launch(task: TaskRuntime, ctx: IterContext) -> None:
+        fn = task.exec_fn
+        if nvtx or profiler_active():
+            fn = partial(run_annotated, f"SWP/{labels[task.index]}/iter{ctx.iter_idx}", fn, nvtx=nvtx)
+        device.launch(task.stream, fn, ctx, task.name, cancelled)
+
+    return launch
+
+
+def make_unit_runner(board: "CompletionBoard", device: Device, launch: Callable[[TaskRuntime, IterContext], None],
+                     event_slots: int, signal_timeout: float, after_complete: Optional[AfterComplete] = None,
+                     wait: Optional[Callable[..., None]] = None) -> RunUnit:
+    """The unit executor of one run (see the module docstring)."""
+    done = board.done
+    complete = board.complete
+    wait_task = wait or board.wait_task
+    slots, timeout = event_slots, signal_timeout
+
+    def in_turns(task: TaskRuntime, ctx: IterContext, i: int) -> None:
+        key, call = (task.index, i), partial(launch, task, ctx)
+        if task.turns is not None:
+            call = partial(task.turns.run_in_turn, key, call, timeout, task.name, i)
+        if task.stream_turns is not None:
+            task.stream_turns.run_in_turn(key, call, timeout, task.name, i)
+        else:
+            call()
+
+    def run_unit(task: TaskRuntime, ctx: IterContext, period: Optional[int]) -> None:
+        i = ctx.iter_idx
+        stream = task.stream
+        for dep, dep_events in task.intra:
+            if done[dep] <= i:
+                wait_task(dep, i, timeout, task.name, i)
+            if dep_events is not None:
+                device.wait(stream, dep_events[i % slots])
+        if i > 0:
+            for dep, dep_events in task.inter:
+                if done[dep] < i:
+                    wait_task(dep, i - 1, timeout, task.name, i)
+                if dep_events is not None:
+                    device.wait(stream, dep_events[(i - 1) % slots])
+        if task.turns is None and task.stream_turns is None:
+            launch(task, ctx)
+        else:
+            in_turns(task, ctx, i)
+        if task.events is not None:
+            device.record(task.events[i % slots], stream)
+        complete(task.index, i)
+        if after_complete is not None:
+            after_complete(task, i)
+
+    return run_unit
+
+
+def traced(run_unit: RunUnit, recorder: "Recorder") -> RunUnit:
+    """``run_unit`` that records every unit it runs (the unit executor itself is unchanged)."""
+    shadows = recorder.runtimes
+    begin, add = recorder.begin, recorder.add
+
+    def run_traced(task: TaskRuntime, ctx: IterContext, period: Optional[int]) -> None:
+        begin(task.index)
+        run_unit(shadows[task.index], ctx, period)
+        add(task.index, ctx.iter_idx, period)
+
+    return run_traced
+

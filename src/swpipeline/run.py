@@ -1,0 +1,241 @@
+"""One fill of a pipeline: everything execution touches, owned by that fill alone.
+
+``fill_pipeline()`` makes a ``Run``; the run has its own completion board, turns
+(sequencer), device events and worker threads, and holds the in-flight contexts. Nothing of it is
+reused by a later fill, so a thread that outlives its run (a *straggler*: a task that
+did not return within the join budget) can only ever touch its own, finished run.
+
+Life cycle (``Run.state``), changed only under ``Run.lock``::
+
+    running --progress() found nothing left--> finished
+       |  \\--a task, the data iterator or the caller failed--> failed
+       \\----abandon(), or an exception leaving run() / a with block--> abandoned
+
+Every way out of ``running`` goes through ``stop``: abort (every waiting thread wakes
+and every worker starts nothing more), ask each worker to end, and join them all
+against one shared deadline. ``stop`` cannot be left half done: an interrupt that lands
+while it runs is held back until the joins are over, then re-raised.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+from . import shutdown
+from .device import Device
+from .errors import PipelineAborted, ProgressTimeoutError, add_note, annotate, stop_iteration_error
+from .plan import IterContext
+from .runtime import TaskRuntime, all_turns
+from .signals import CompletionBoard
+from .worker import InlineWorker, Unit, Worker, WorkerLike
+
+__all__: List[str] = []
+
+RUNNING, FINISHED, FAILED, ABANDONED = "running", "finished", "failed", "abandoned"
+
+
+class Run:
+    """The state of one fill (see the module docstring)."""
+
+    def __init__(self, tasks: List[TaskRuntime], device: Device, event_slots: int, *, progress_timeout: float,
+                 join_timeout: float) -> None:
+        self.tasks = tasks  # bound to this run (its own device events)
+        self.device = device
+        self.event_slots = event_slots
+        self.progress_timeout = progress_timeout
+        self.join_timeout = join_timeout
+        self.board = CompletionBoard([t.name for t in tasks])
+        self.turns = all_turns(tasks)  # the sequencer and the shared streams' turns, if any
+        self.lock = threading.Lock()
+        self.state = RUNNING
+        self.error: Optional[BaseException] = None
+        self._error_raised = False  # the caller raised the failure (see forget_error)
+        self.workers: Dict[str, WorkerLike] = {}
+        self.inline: Optional[InlineWorker] = None
+        self.stragglers: List[Worker] = []
+        self.contexts: Dict[int, IterContext] = {}
+        self.next_retire = 0
+        self.num_created = 0
+        self.exhausted = False  # the data iterator raised StopIteration
+        self.emptied = False  # progress(None) retired the last iteration in flight
+        self.last_ctx: Optional[IterContext] = None
+        self.peak_live_contexts = 0
+        self.deferred: Optional[Tuple[int, Optional[Iterator[Any]]]] = None  # see progress(advance=False)
+        self.policy: Any = None  # the engine's scheduling for this run (see base.Policy)
+
+    @property
+    def active(self) -> bool:
+        return self.state == RUNNING
+
+    # -- workers --------------------------------------------------------------------------------
+
+    def start_workers(self, groups: List[str], run_unit: Callable[..., None],
+                      enter_thread: Callable[[str], Callable[[], None]], inline_group: Optional[str]) -> None:
+        """One worker per thread group (the inline group runs on the caller's thread instead)."""
+        for group in groups:
+            if group == inline_group:
+                self.inline = InlineWorker(group, run_unit, self.on_worker_error, self.board.is_aborted)
+                self.workers[group] = self.inline
+                continue
+            worker = Worker(group, run_unit, self.on_worker_error, self.board.is_aborted, enter_thread(group))
+            self.workers[group] = worker  # registered before it starts, so that stop() always sees it
+            worker.start()
+
+    def task_running_on(self, thread_ident: int) -> Optional[Unit]:
+        """The unit a worker of this run is running on that thread (the caller's, for the inline group)."""
+        for worker in list(self.workers.values()):
+            thread = worker.thread if isinstance(worker, Worker) else None
+            if thread is not None and thread.ident == thread_ident:
+                return worker.current or ("(starting)",)
+            if thread is None and worker.current is not None:
+                return worker.current
+        return None
+
+    # -- fetching and retiring (the caller's thread) ---------------------------------------------
+
+    def fetch(self, data_iter: Optional[Iterator[Any]]) -> Optional[IterContext]:
+        """The next iteration's context from the next batch, or None when there is none (yet)."""
+        if data_iter is None or self.exhausted:
+            return None
+        idx = self.num_created
+        try:
+            batch = next(data_iter)
+        except StopIteration:
+            self.exhausted = True
+            return None
+        except BaseException as exc:
+            add_note(exc, f"swpipeline: the data iterator raised while fetching the batch for iteration {idx}; "
+                          f"in-flight iterations {sorted(self.contexts)} were abandoned")
+            raise
+        ctx = IterContext(batch, idx)
+        self.board.open_iteration(idx, len(self.tasks))  # before any thread can see the context
+        self.num_created = idx + 1
+        self.contexts[idx] = ctx
+        self.peak_live_contexts = max(self.peak_live_contexts, len(self.contexts))
+        return ctx
+
+    def retire_oldest(self) -> int:
+        """Wait for the oldest iteration in flight to complete and retire it; raise the run's failure if any."""
+        oldest = self.next_retire
+        board = self.board
+        if self.error is not None or not board.is_iteration_done(oldest):
+            if not board.wait_iteration(oldest, self.progress_timeout, self.has_failed):
+                raise ProgressTimeoutError(oldest, board.unfinished(oldest), self.progress_timeout,
+                                           self.blocked_waits(oldest))
+            if self.error is not None:
+                raise self.error
+        if self.device.uses_events:
+            default = self.device.default_stream()
+            slot = oldest % self.event_slots
+            for task in self.tasks:
+                if task.waits_at_retire and task.events is not None:
+                    self.device.wait(default, task.events[slot])
+        board.retire(oldest)
+        self.last_ctx = self.contexts.pop(oldest)
+        self.next_retire = oldest + 1
+        return oldest
+
+    def blocked_waits(self, iter_idx: int) -> List[str]:
+        """For each unfinished task of ``iter_idx``, the dependencies it is still missing."""
+        done, names = self.board.done, self.board.names
+        waits = []
+        for task in self.tasks:
+            if done[task.index] > iter_idx:
+                continue
+            missing = [f"{names[d]!r} (iteration {iter_idx})" for d, _ in task.intra if done[d] <= iter_idx]
+            if iter_idx > 0:
+                missing += [f"{names[d]!r} (iteration {iter_idx - 1})" for d, _ in task.inter if done[d] < iter_idx]
+            if missing:
+                waits.append(f"{task.name!r} waits for {', '.join(missing)}")
+        return waits
+
+    # -- failure ---------------------------------------------------------------------------------
+
+    def has_failed(self) -> bool:
+        return self.error is not None or self._error_raised
+
+    def on_worker_error(self, exc: BaseException, unit: Optional[Unit]) -> None:
+        """A unit (or a worker's start-up) raised: keep the first failure and wake everyone. Never raises."""
+        try:
+            if isinstance(exc, PipelineAborted):
+                return
+            if unit is not None:
+                task, ctx = unit[0], unit[1]
+                if isinstance(exc, StopIteration):
+                    exc = stop_iteration_error(exc, task.name, ctx.iter_idx)
+                annotate(exc, task.name, ctx.iter_idx)
+            elif isinstance(exc, StopIteration):
+                error = RuntimeError("worker_init raised StopIteration")
+                error.__cause__ = exc
+                exc = error
+            self.record_failure(exc)
+        except BaseException:  # the last line: whatever happened above, the run must still fail
+            self.record_failure(exc)
+
+    def record_failure(self, exc: BaseException) -> None:
+        """Keep the first failure, and wake every thread waiting on the run."""
+        with self.lock:
+            if self.error is None and not self._error_raised:
+                self.error = exc
+        self.abort()
+
+    def forget_error(self) -> None:
+        """The caller raised the failure: drop it (its traceback's frames refer back to this run, a cycle
+        that would keep user objects alive until a garbage collection, run at any later moment)."""
+        with self.lock:
+            self.error, self._error_raised = None, True
+
+    def abort(self) -> None:
+        """Every wait of this run raises PipelineAborted from now on; no worker starts another unit."""
+        self.board.abort()
+        for turns in self.turns:
+            turns.abort()
+
+    # -- stopping --------------------------------------------------------------------------------
+
+    def stop(self, state: str) -> List[Worker]:
+        """Leave ``running`` for ``state``, stop and join every worker within one join budget; idempotent.
+
+        Returns the stragglers: workers still alive when the budget ran out (a task that
+        does not return). An interrupt arriving meanwhile is re-raised once all is joined.
+        """
+        pending: Optional[BaseException] = None
+        deadline = time.monotonic() + self.join_timeout
+        for _ in range(100):  # repeats only if an interrupt lands in the middle; every step is idempotent
+            try:
+                with self.lock:
+                    if self.state == RUNNING:
+                        self.state = state
+                if self.state != FINISHED:
+                    self.abort()
+                workers = list(self.workers.values())
+                for worker in workers:
+                    worker.stop()
+                me = threading.current_thread()
+                for worker in workers:
+                    if isinstance(worker, Worker) and worker.alive and worker.thread is not me:
+                        worker.join(max(0.0, deadline - time.monotonic()))
+                break
+            except BaseException as exc:  # e.g. a second Ctrl-C: finish stopping first
+                if pending is None:
+                    pending = exc
+        self.stragglers = [w for w in self.workers.values() if isinstance(w, Worker) and w.alive]
+        if not self.stragglers:
+            shutdown.forget(self)
+        if pending is not None:
+            raise pending
+        return self.stragglers
+
+    def threads_alive(self) -> bool:
+        return any(isinstance(w, Worker) and w.alive for w in list(self.workers.values()))
+
+    def abandon_nowait(self) -> None:
+        """Abandon without joining (for finalizers): wake everyone, ask every worker to end."""
+        with self.lock:
+            if self.state == RUNNING:
+                self.state = ABANDONED
+        self.abort()
+        for worker in list(self.workers.values()):
+            worker.stop()

@@ -1,0 +1,79 @@
+"""Stopping the runs nobody stopped: at interpreter exit, and when their pipeline is garbage-collected.
+
+Worker threads are daemon threads, so they never keep the interpreter alive; but a
+daemon thread still inside torch code when the interpreter finalizes aborts the
+process ("terminate called without an active exception"). So, as concurrent.futures
+does for its executors:
+
+* a hook that runs when the interpreter starts shutting down, before it joins threads
+  and finalizes (``threading._register_atexit``, else ``atexit``), abandons every run
+  still in flight and joins its workers (each within its own join budget, at most
+  ``EXIT_JOIN_S``). Runs are registered while they run and leave the registry when they
+  stop: no weakref callback is involved, because Python code run while an object is
+  freed swallows a Ctrl-C that lands in it ("Exception ignored in ...");
+* a pipeline's finalizer (``weakref.finalize``) abandons its run when the pipeline is
+  collected. It only wakes the workers and asks them to end, without joining: it may
+  run on any thread, even one of those workers.
+
+Worker threads reference their run, never the pipeline, so a pipeline nobody refers
+to can be collected while its workers wait for work.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from typing import TYPE_CHECKING, Dict, List, Optional
+
+if TYPE_CHECKING:
+    from .run import Run
+
+__all__: List[str] = []
+
+EXIT_JOIN_S = 5.0
+
+_live: Dict[int, "Run"] = {}  # id -> run, from its start until it stopped
+
+
+def track(run: "Run") -> None:
+    """Stop ``run`` at interpreter exit if it is still running then (``forget`` it once it stopped)."""
+    for key, old in list(_live.items()):  # runs abandoned without a join (garbage-collected pipelines)
+        if not old.active and not old.threads_alive():
+            _live.pop(key, None)
+    _live[id(run)] = run
+
+
+def forget(run: "Run") -> None:
+    _live.pop(id(run), None)
+
+
+def _stop_all_at_exit() -> None:
+    from .run import ABANDONED
+
+    for run in list(_live.values()):
+        if run.active:
+            run.join_timeout = min(run.join_timeout, EXIT_JOIN_S)
+            try:
+                run.stop(ABANDONED)
+            except Exception:  # nothing may stop the interpreter from exiting
+                pass
+
+
+class RunSlot:
+    """The pipeline's current run, as seen by the pipeline's finalizer (which must not hold the pipeline)."""
+
+    def __init__(self) -> None:
+        self.run: Optional["Run"] = None
+
+    def release(self) -> None:
+        """Abandon the run without joining: wake every worker and ask it to end."""
+        run = self.run
+        if run is not None and run.active:
+            run.abandon_nowait()
+
+
+_register = getattr(threading, "_register_atexit", None)
+if _register is not None:
+    _register(_stop_all_at_exit)
+else:  # pragma: no cover - Pythons without the hook
+    atexit.register(_stop_all_at_exit)

@@ -1,0 +1,166 @@
+"""Ctrl-C: a KeyboardInterrupt delivered at any moment surfaces as itself and abandons what is in flight.
+
+A real SIGINT is sent to the main thread (where pytest runs the test) at random moments
+of a run: during the fill, while a task runs, while the caller waits, while the data
+iterator fetches, between fetching a batch and handing out its work, during the final
+drain. Every time, the interrupt must reach the caller as a KeyboardInterrupt (not a
+timeout error a few seconds later, which is what a swallowed interrupt turns into
+here: the timeouts are set to 5 s), every worker must be joined, and the pipeline must
+run again afterwards. The interrupt-free path must stay bitwise the same.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import signal
+import threading
+import time
+from typing import Any, Callable, Iterator, List
+
+import pytest
+
+from engine_helpers import ExecLog, check_dependencies, drive, sparse_dist_plan, swp_threads
+from swpipeline import DataFlowPipeline, IterContext, SWPipeline
+
+MakePipe = Callable[..., Any]
+TIMEOUTS = dict(signal_timeout=5.0, progress_timeout=5.0, join_timeout=5.0)
+
+
+@pytest.fixture(params=["SWPipeline", "SWPipeline-caller-group", "DataFlowPipeline"])
+def make_pipe(request: pytest.FixtureRequest) -> MakePipe:
+    if request.param == "SWPipeline":
+        return lambda plan: SWPipeline(plan, device="cpu", **TIMEOUTS)
+    if request.param == "SWPipeline-caller-group":
+        return lambda plan: SWPipeline(plan, device="cpu", caller_thread_group="default", **TIMEOUTS)
+    return lambda plan: DataFlowPipeline(plan, max_depth=3, device="cpu", **TIMEOUTS)
+
+
+DELIVERED = {"count": 0}  # SIGINTs whose handler ran
+
+
+def _sigint(signum: int, frame: Any) -> None:
+    DELIVERED["count"] += 1
+    raise KeyboardInterrupt  # what Python's default handler does
+
+
+@pytest.fixture(autouse=True)
+def counting_sigint_handler() -> Iterator[None]:
+    previous = signal.signal(signal.SIGINT, _sigint)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+INTERRUPTERS: List[threading.Thread] = []  # kept alive: a Thread freed on this thread runs a weakref callback
+
+
+def sigint_after(delay: float, log: ExecLog) -> None:
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def fire() -> None:
+        time.sleep(delay)
+        log.mark("sigint", "-", -1)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    thread = threading.Thread(target=fire, name="interrupter", daemon=True)
+    INTERRUPTERS.append(thread)  # (in which a Ctrl-C would be lost: that would be the harness's fault)
+    thread.start()
+
+
+def interrupted(action: Callable[[], None], delay: float, log: ExecLog) -> bool:
+    """Run ``action`` with a SIGINT arriving after ``delay``; True if the interrupt stopped it."""
+    finished = False
+    expected = DELIVERED["count"] + 1
+    try:
+        try:
+            sigint_after(delay, log)  # (with delay 0 it may land while the interrupter starts)
+            action()
+            finished = True
+        finally:
+            while DELIVERED["count"] < expected:  # the signal lands here at the latest (sleep is interruptible)
+                time.sleep(0.0005)
+    except KeyboardInterrupt:
+        return not finished
+    return False
+
+
+def batches(n: int, rng: random.Random) -> Iterator[int]:
+    for k in range(n):
+        if rng.random() < 0.2:
+            time.sleep(0.0005)  # a slow fetch now and then: the caller is inside next()
+        yield k
+
+
+def jittery(rng: random.Random) -> Callable[[IterContext], None]:
+    def work(ctx: IterContext) -> None:
+        if rng.random() < 0.3:
+            time.sleep(0.0003)
+    return work
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")  # an interrupt lost in a callback
+def test_sigint_at_random_moments_always_surfaces_and_leaves_nothing_behind(make_pipe: MakePipe) -> None:
+    rng = random.Random(20261124)
+    log = ExecLog()
+    work = {name: jittery(random.Random(k)) for k, name in enumerate(["H2D", "InputDistWait", "Forward"])}
+    plan = sparse_dist_plan(log, work=work)
+    pipe = make_pipe(plan)
+    durations = []
+    for _ in range(3):
+        started = time.perf_counter()
+        pipe.run(batches(25, rng))
+        durations.append(time.perf_counter() - started)
+    typical = min(durations)  # only used to spread the interrupts over a run
+
+    def step_loop_with_block() -> None:
+        with pipe:
+            it = pipe.fill_pipeline(batches(25, rng))
+            while True:
+                try:
+                    pipe.progress(it)
+                except StopIteration:
+                    break
+
+    def step_loop_then_drain() -> None:
+        it = pipe.fill_pipeline(batches(25, rng))
+        try:
+            for _ in range(10):
+                pipe.progress(it)
+        finally:
+            pipe.drain()
+
+    ways = [lambda: pipe.run(batches(25, rng)), step_loop_with_block, step_loop_then_drain]
+    outcomes: collections.Counter[str] = collections.Counter()
+    for trial in range(300):
+        delay = 0.0 if trial % 10 == 0 else rng.uniform(0.0, typical)
+        stopped = interrupted(ways[trial % 3], delay, log)
+        outcomes["interrupted" if stopped else "finished"] += 1
+        assert swp_threads() == [], f"trial {trial}: threads left behind"
+    assert outcomes["interrupted"] >= 200, outcomes
+    log.events.clear()
+    assert drive(pipe, range(12)) == list(range(12))  # still works, every dependency held
+    assert check_dependencies(log, plan, 12) == 12 * 8 + 11
+
+
+def test_ctrl_c_abandons_the_iterations_in_flight_instead_of_running_them(make_pipe: MakePipe) -> None:
+    # Three 0.1 s stages on three thread groups: draining on Ctrl-C would start the in-flight
+    # iterations' remaining units (several seconds with depth 3); abandoning lets each worker
+    # finish the unit it is running and start nothing more.
+    log = ExecLog()
+
+    def data() -> Iterator[int]:
+        for k in range(50):
+            log.mark("fetch", "-", k)
+            yield k
+
+    slow = lambda ctx: time.sleep(0.1)  # noqa: E731
+    plan = sparse_dist_plan(log, work={"H2D": slow, "InputDistStart": slow, "Forward": slow})
+    pipe = make_pipe(plan)
+    assert interrupted(lambda: pipe.run(data()), 0.45, log)
+    assert swp_threads() == []
+    signal_at = log.seq("sigint", "-", -1)
+    late_starts = [(t, i) for s, kind, t, i, _ in log.events if kind == "start" and s > signal_at]
+    assert len(late_starts) <= 3, late_starts  # at most one per thread group, racing the signal
+    late_fetches = [i for s, kind, _, i, _ in log.events if kind == "fetch" and s > signal_at]
+    assert len(late_fetches) <= 1, late_fetches  # no draining: nothing more is fetched

@@ -1,0 +1,291 @@
+"""The engine's life cycle under faults: exceptions that resist notes, stragglers, stopping time, exit and GC.
+
+Each test here reproduces a way the engine used to hang, lose an error or corrupt a
+later run. Promptness is checked structurally (which error arrives, which join
+budgets were used), never against a clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import pytest
+
+from engine_helpers import ExecLog, check_dependencies, drive, make_plan, swp_threads, wait_until
+from swpipeline import (DataFlowPipeline, DependencyTimeoutError, IterContext, PipelinePlan, PipelineTask,
+                        ProgressTimeoutError, SWPipeline, TaskSchedule)
+from swpipeline.worker import Worker
+
+MakePipe = Callable[..., Any]
+
+
+@pytest.fixture(params=["SWPipeline", "DataFlowPipeline"])
+def make_pipe(request: pytest.FixtureRequest) -> MakePipe:
+    if request.param == "SWPipeline":
+        return SWPipeline
+    return lambda plan, **kw: DataFlowPipeline(plan, max_depth=3, **kw)
+
+
+def two_group_plan(log: ExecLog, work: Optional[Dict[str, Callable[[IterContext], None]]] = None) -> PipelinePlan:
+    """Load (group io) -> Train (group compute), on their own streams."""
+    return make_plan(log, {"Load": (0, "copy", "io"), "Train": (1, None, "compute")},
+                     intra=[("Train", "Load")], work=work)
+
+
+# -- the error path never fails -------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenError(Exception):
+    """Refuses every new attribute, so ``add_note`` (which sets ``__notes__``) raises."""
+
+    code: int
+
+
+class NotesNotAList(Exception):
+    def __init__(self) -> None:
+        super().__init__("odd notes")
+        self.__notes__ = "not a list"  # add_note raises TypeError on this
+
+
+@pytest.mark.parametrize("task", ["Load", "Train"])
+@pytest.mark.parametrize("make_exc", [lambda: FrozenError(7), NotesNotAList], ids=["frozen", "notes-not-a-list"])
+def test_an_exception_that_refuses_notes_still_surfaces_as_itself(make_pipe: MakePipe, task: str,
+                                                                 make_exc: Callable[[], BaseException]) -> None:
+    raised: List[BaseException] = []
+
+    def fail(ctx: IterContext) -> None:
+        if ctx.iter_idx == 2 and not raised:
+            exc = make_exc()
+            raised.append(exc)
+            raise exc
+
+    pipe = make_pipe(two_group_plan(ExecLog(), {task: fail}), device="cpu", progress_timeout=20)
+    with pytest.raises(BaseException) as info:
+        drive(pipe, range(8))
+    assert raised and info.value is raised[0]  # not a ProgressTimeoutError after the worker died
+    assert swp_threads() == []
+    assert drive(pipe, range(3)) == [0, 1, 2]  # and the pipeline is usable again
+
+
+def test_a_data_iterator_error_that_refuses_notes_surfaces_as_itself(make_pipe: MakePipe) -> None:
+    def batches() -> Any:
+        yield 0
+        yield 1
+        raise FrozenError(3)
+
+    pipe = make_pipe(two_group_plan(ExecLog()), device="cpu", progress_timeout=20)
+    with pytest.raises(FrozenError):
+        drive(pipe, batches())
+    assert swp_threads() == []
+
+
+def test_worker_init_that_raises_a_frozen_exception_fails_the_run(make_pipe: MakePipe) -> None:
+    def init(group: str) -> None:
+        if group == "io":
+            raise FrozenError(1)
+
+    pipe = make_pipe(two_group_plan(ExecLog()), device="cpu", progress_timeout=20, worker_init=init)
+    with pytest.raises(FrozenError):
+        pipe.run(range(4))
+    assert swp_threads() == []
+
+
+def test_a_task_that_raises_stop_iteration_fails_instead_of_ending_the_data(make_pipe: MakePipe) -> None:
+    # Left alone, StopIteration would reach the caller's loop and look like the end of the data:
+    # the remaining batches would be dropped without a word.
+    def stop(ctx: IterContext) -> None:
+        if ctx.iter_idx == 3:
+            raise StopIteration
+
+    pipe = make_pipe(two_group_plan(ExecLog(), {"Train": stop}), device="cpu")
+    with pytest.raises(RuntimeError, match="task 'Train' raised StopIteration at iteration 3") as info:
+        pipe.run(range(10))
+    assert isinstance(info.value.__cause__, StopIteration)
+    assert swp_threads() == []
+
+
+# -- stopping time: joins share one budget ----------------------------------------------------------
+
+
+def test_stuck_workers_are_joined_together_within_one_join_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two tasks on two thread groups never return (until released); a third task times out waiting.
+    # The caller must get the timeout error after one join budget in total, not one per worker.
+    release = threading.Event()
+    log = ExecLog()
+    stuck = lambda ctx: release.wait(30)  # noqa: E731
+    plan = make_plan(log, {"A": (0, "a", "ga"), "B": (0, "b", "gb"), "C": (0, "c", "gc")},
+                     intra=[("C", "A"), ("C", "B")], work={"A": stuck, "B": stuck})
+    budgets: List[Optional[float]] = []
+    real_join = Worker.join
+
+    def spy(self: Worker, timeout: float) -> None:
+        budgets.append(timeout)
+        real_join(self, timeout)
+
+    monkeypatch.setattr(Worker, "join", spy)
+    pipe = SWPipeline(plan, device="cpu", signal_timeout=0.2, join_timeout=0.5)
+    try:
+        with pytest.raises(DependencyTimeoutError, match="task 'C' \\(iteration 0\\) waited 0.2 s"):
+            drive(pipe, range(3))
+        assert budgets and all(b is not None for b in budgets)
+        assert sum(b for b in budgets if b is not None) <= 0.5 + 1e-6  # one budget shared by all joins
+        assert sorted(swp_threads()) == ["swp-ga", "swp-gb"]  # the stragglers, reported and left
+    finally:
+        release.set()
+        monkeypatch.undo()
+        assert wait_until(lambda: swp_threads() == [], timeout=10)
+
+
+# -- stragglers never touch a later run -------------------------------------------------------------
+
+
+def test_a_fill_while_an_earlier_runs_thread_is_still_in_a_task_is_refused_by_name() -> None:
+    release = threading.Event()
+    log = ExecLog()
+
+    def slow(ctx: IterContext) -> None:
+        if ctx.iter_idx == 2:
+            release.wait(30)
+
+    plan = two_group_plan(log, {"Load": slow})
+    pipe = SWPipeline(plan, device="cpu", progress_timeout=0.3, join_timeout=0.2)
+    try:
+        with pytest.raises(ProgressTimeoutError):
+            pipe.run(range(10))
+        assert swp_threads() == ["swp-io"]
+        with pytest.raises(RuntimeError) as info:
+            pipe.run(range(5))
+        assert ("thread 'swp-io' of an earlier run is still running task 'Load' (iteration 2) on stream 'copy'"
+                in str(info.value))
+        assert "wait until that task returns" in str(info.value)
+    finally:
+        release.set()
+    assert wait_until(lambda: swp_threads() == [], timeout=10)
+    log.events.clear()
+    assert drive(pipe, range(5)) == list(range(5))  # the straggler left nothing behind
+    assert check_dependencies(log, plan, 5) == 5
+
+
+def test_a_straggler_in_worker_init_never_runs_or_completes_anything_of_a_later_run(make_pipe: MakePipe) -> None:
+    # An earlier run's thread that is still starting (worker_init blocked) when its run is abandoned
+    # must not run units, complete iterations or pass turns of the next run once it wakes up.
+    release = threading.Event()
+    first = {"call": True}
+    errors: List[BaseException] = []
+
+    def init(group: str) -> None:
+        if group == "io" and first["call"]:
+            first["call"] = False
+            release.wait(30)
+
+    old_hook = threading.excepthook
+    threading.excepthook = lambda args: errors.append(args.exc_value)  # type: ignore[assignment,misc]
+    try:
+        log = ExecLog()
+        plan = two_group_plan(log)
+        pipe = make_pipe(plan, device="cpu", worker_init=init, join_timeout=0.2, progress_timeout=0.3)
+        with pytest.raises(ProgressTimeoutError):
+            pipe.run(range(4))
+        assert "swp-io" in swp_threads()  # still inside worker_init
+        log.events.clear()
+        it = pipe.fill_pipeline(range(6))  # allowed: that thread holds no stream
+        release.set()  # the old thread wakes up while the new run is in flight
+        results = []
+        while True:
+            try:
+                results.append(pipe.progress(it))
+            except StopIteration:
+                break
+        assert results == list(range(6))
+        assert check_dependencies(log, plan, 6) == 6
+        assert sorted(log.starts()) == sorted((t, i) for t in ("Load", "Train") for i in range(6))
+    finally:
+        release.set()
+        threading.excepthook = old_hook
+    assert wait_until(lambda: swp_threads() == [], timeout=10)
+    assert errors == []
+
+
+# -- exit and garbage collection ----------------------------------------------------------------------
+
+
+EXIT_SCRIPT = textwrap.dedent("""
+    import torch
+    from swpipeline import PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
+
+    a = torch.randn(256, 256)
+
+    def work(ctx):
+        for _ in range(20):
+            torch.mm(a, a)
+
+    tasks = [PipelineTask(f"T{k}", work) for k in range(3)]
+    plan = PipelinePlan({t: TaskSchedule(stage=k, thread_group=f"g{k}", stream=f"s{k}")
+                         for k, t in enumerate(tasks)})
+    pipe = SWPipeline(plan, device="cpu")
+    it = pipe.fill_pipeline(range(100000))
+    pipe.progress(it)
+    raise SystemExit("user code failed between progress() calls")  # never drained
+""")
+
+
+def test_an_undrained_pipeline_does_not_abort_the_interpreter_at_exit(tmp_path: Path) -> None:
+    script = tmp_path / "undrained.py"
+    script.write_text(EXIT_SCRIPT)
+    for _ in range(3):
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1, proc.stderr  # SystemExit's message, not SIGABRT (134) / "terminate called"
+        assert "user code failed between progress() calls" in proc.stderr
+        assert "terminate called" not in proc.stderr
+
+
+def test_a_garbage_collected_pipeline_stops_its_threads(make_pipe: MakePipe) -> None:
+    pipe = make_pipe(two_group_plan(ExecLog()), device="cpu")
+    it = pipe.fill_pipeline(range(100))
+    pipe.progress(it)
+    assert sorted(swp_threads()) == ["swp-compute", "swp-io"]
+    del pipe, it
+    gc.collect()
+    assert wait_until(lambda: swp_threads() == [], timeout=10)
+
+
+# -- the context's own fields ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("action", ["set iter_idx", "del iter_idx", "set batch", "del batch"])
+def test_a_task_cannot_change_the_contexts_own_fields(make_pipe: MakePipe, action: str) -> None:
+    verb, field = action.split()
+
+    def meddle(ctx: IterContext) -> None:
+        if ctx.iter_idx == 1:
+            if verb == "set":
+                setattr(ctx, field, 99)
+            else:
+                delattr(ctx, field)
+
+    pipe = make_pipe(two_group_plan(ExecLog(), {"Load": meddle}), device="cpu", progress_timeout=20)
+    with pytest.raises(AttributeError, match=f"IterContext.{field} is read-only") as info:
+        pipe.run(range(5))
+    assert (getattr(info.value, "swp_task"), getattr(info.value, "swp_iter")) == ("Load", 1)
+    assert swp_threads() == []
+
+
+def test_context_fields_read_only_outside_the_engine_too() -> None:
+    ctx = IterContext("b", 3)
+    with pytest.raises(AttributeError, match="IterContext.iter_idx is read-only"):
+        ctx.iter_idx = 4
+    with pytest.raises(AttributeError, match="IterContext.batch is read-only"):
+        del ctx.batch
+    assert (ctx.iter_idx, ctx.batch) == (3, "b")
+    ctx.y = 1
+    del ctx.y
+    with pytest.raises(AttributeError, match="has no attribute 'iter'.*did you mean 'iter_idx'"):
+        ctx.iter  # noqa: B018
