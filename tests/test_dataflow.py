@@ -99,6 +99,27 @@ def test_stages_follow_the_same_rules_on_both_engines() -> None:
             engine(plan, device="cpu")
 
 
+def test_too_small_max_depth_is_refused_with_the_smallest_that_works() -> None:
+    # One thread group runs A, B, C (stages 0, 1, 2) in the order the clock gives it: B(0) then A(1) in
+    # period 1, C(0) only in period 2. So A(1) comes before C(0): iteration 1 must exist before 0 retires.
+    log = ExecLog()
+    plan = make_plan(log, {"A": (0, None, "g"), "B": (1, None, "g"), "C": (2, None, "g")},
+                     intra=[("B", "A"), ("C", "B")])
+    with pytest.raises(ValueError) as refused:
+        DataFlowPipeline(plan, max_depth=1, device="cpu")
+    assert str(refused.value) == (
+        "max_depth=1 is too small for this plan: each thread group runs its units in the order SWPipeline runs "
+        "them (on a stream, older iterations first; the stages set how iterations interleave), and that order "
+        "needs 2 iterations alive at once (thread group 'g' waits to run A of iteration 1); use max_depth >= 2, "
+        "or lower the stages")
+    pipe = DataFlowPipeline(plan, max_depth=2, device="cpu")  # less than the depth (3), and enough
+    pipe.run(range(6))
+    assert pipe.peak_live_contexts == 2
+    # the clock's order for the thread group: in period p, C(p-2), B(p-1), A(p)
+    assert log.starts() == [(name, p - stage) for p in range(8) for name, stage in (("C", 2), ("B", 1), ("A", 0))
+                            if 0 <= p - stage < 6]
+
+
 def test_globally_ordered_units_fire_in_iteration_major_order() -> None:
     issued: List[Tuple[str, int]] = []
     lock = threading.Lock()

@@ -29,8 +29,26 @@ def test_exported_names() -> None:
 def test_internal_modules_export_nothing() -> None:
     for mod in ("plan", "ordering", "device", "signals", "worker", "base", "clocked", "dataflow", "tables", "errors",
                 "runtime", "progress_line", "shortcut", "profiler", "timeline", "trace_export", "charts", "stats",
-                "annotations"):
+                "annotations", "executor", "records", "run", "schedule", "shutdown", "snapshot", "tracing"):
         assert importlib.import_module(f"swpipeline.{mod}").__all__ == []
+
+
+PIPELINE_API = {
+    "abandon", "advance", "contexts_in_flight", "disable_shortcut", "drain", "enable_shortcut", "fill_pipeline",
+    "last_context", "peak_live_contexts", "progress", "run", "run_one_serial_iter", "run_serial", "serial_order",
+    "shortcuts", "stats", "timeline", "tracing", "without_shortcuts",
+}
+CLOCKED_ONLY = {"enqueue_order", "format_schedule", "format_stage_analysis", "print_schedule",
+                "print_stage_analysis", "save_schedule_chart"}
+
+
+def test_pipeline_public_methods() -> None:
+    assert {name for name in dir(swpipeline.DataFlowPipeline) if not name.startswith("_")} == PIPELINE_API
+    assert {name for name in dir(swpipeline.SWPipeline) if not name.startswith("_")} == PIPELINE_API | CLOCKED_ONLY
+
+
+def test_iter_context_has_only_its_engine_fields() -> None:
+    assert {name for name in dir(swpipeline.IterContext) if not name.startswith("_")} == {"batch", "iter_idx"}
 
 
 def test_seed_import_paths_are_aliases() -> None:

@@ -96,15 +96,11 @@ class TaskProfiler:
         unknown = skip - set(self.pipe.plan.task_names)
         if unknown:
             raise ValueError(f"skip_tasks: unknown task(s) {sorted(unknown)} (known: {self.pipe.plan.task_names})")
-        pipe, table = self.pipe, self.pipe._shortcuts
-        pipe._require_idle("TaskProfiler.profile")
-        saved = (set(table.enabled), dict(table.caches))
-        table.enabled, table.caches = set(), {}
-        pipe._refresh_executors()
-        try:
+        pipe = self.pipe
+        with pipe.without_shortcuts():  # refuses while iterations are in flight
             for k in range(num_warmup):
                 pipe.run_one_serial_iter(batch, k)
-            names = [t.name for t in pipe._serial_order if t.name not in skip]
+            names = [name for name in pipe.serial_order if name not in skip]
             baselines: List[float] = []
             savings: Dict[str, List[float]] = {name: [] for name in names}
             for _ in range(num_rounds):
@@ -116,9 +112,6 @@ class TaskProfiler:
                     pipe.disable_shortcut(name)
                 if not names:
                     baselines.append(self._timed_round(batch, num_measure))
-        finally:
-            table.enabled, table.caches = saved
-            pipe._refresh_executors()
         exposed = {name: max(0.0, statistics.median(savings[name])) for name in names}
         return ProfileResult(statistics.median(baselines), exposed)
 

@@ -1,29 +1,33 @@
 """Every TorchRec training pipeline as a PipelinePlan: plain data, one entry per variant.
 
-Each ``PlanSpec`` is seed 001's plan for that pipeline (same task names, stages,
-streams, thread groups, ``globally_ordered`` flags), with these deliberate
-differences, each needed for the plan to run TorchRec's steps in TorchRec's
-order (docs/torchrec.md explains each):
+Each ``PlanSpec`` puts TorchRec's step functions (tasks) at the stage of the
+batch they work on in TorchRec's ``progress()``, on TorchRec's streams and thread
+groups (with ``globally_ordered`` flags), chained in TorchRec's order. Where a
+plan adds to that plain assignment or changes it, the reason is that the engine
+would otherwise not run TorchRec's steps in TorchRec's order
+(docs/torchrec.md marks each with a delta):
 
-* PT2, EvalSparseDist, EvalFusedSparseDist: the seed lists no dependencies; a
-  plan without them runs a stage's tasks in name order (Backward before
-  Forward), so the chains TorchRec's ``progress()`` follows are declared.
-* SemiSync: ``EmbLookup`` is at stage 1 (the seed: stage 2, with ``EmbLookup(i)``
-  after ``Backward(i-1)``). TorchRec's semi-sync looks batch i+1 up *before* batch i's
-  embedding update (EmbBackward) and after batch i-1's. On one stream a period runs
-  its older iterations first, so a lookup one stage below the update would follow
-  it (synchronous training); two stages below, it runs in the period before. The
-  order is then stated by the stages alone, on one stream, with no inter-iteration
-  pair and nothing left to a tie between task names.
+* PT2, EvalSparseDist, EvalFusedSparseDist: the chains TorchRec's ``progress()``
+  follows are declared as dependencies. The stages alone order nothing across
+  streams and thread groups, and within one stage and stream they would leave the
+  order to the order the tasks happen to be listed in.
+* SemiSync: ``EmbLookup`` is at stage 1, two stages below the embedding update
+  (EmbBackward, stage 3), with no inter-iteration pair. TorchRec's semi-sync looks
+  batch i+1 up *before* batch i's embedding update and after batch i-1's. On one
+  stream the engine runs each period's older iterations first (stage-descending),
+  on both engines, whatever the tasks are called, so a lookup one stage below the
+  update would follow the previous batch's update (synchronous training); two
+  stages below, it runs in the period before. The order follows from the stages
+  alone, with nothing left to a tie between task names.
 * SparseDist, FusedSparseDist, CompAutograd: ``InputDistWait(i)`` after
   ``WaitBatch(i-1)``, an ordering pair that puts InputDistWait(i+1) right after
-  Forward(i) as in TorchRec (and in seed 001's step list); the seed's pairs alone
-  put it before Forward(i), where its wait for the splits cannot overlap anything.
+  Forward(i) as in TorchRec; without it the ready-first order puts it before
+  Forward(i), where its wait for the splits cannot overlap anything.
 * ``enqueue_batch_after_forward``: H2D(i) then runs after Forward(i-1), so it
   moves to stage 1 (the engine's dependencies reach one iteration back; TorchRec
   copies batch i+2 after forward i, two back).
 
-The print_schedule tables of the default plans equal seed 001's.
+tests/test_torchrec_plans.py checks the print_schedule tables of the default plans.
 """
 
 from __future__ import annotations
