@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -35,10 +35,28 @@ def format_table(headers: Row, rows: Sequence[Row], left: int = 1) -> str:
     return "\n".join([line(headers), rule, *(line(r) for r in rows)])
 
 
+BUSY_LOAD_PER_CPU = 0.3  # a 1-minute load average above this share of the CPUs makes timings untrustworthy
+
+
+def load_average() -> Optional[float]:
+    """The 1-minute load average (None where the system does not report one)."""
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
 def machine_line() -> str:
-    """One line describing where the numbers were taken."""
-    return (f"python {platform.python_version()}, torch {torch.__version__}, "
-            f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, {platform.machine()}")
+    """One line describing where the numbers were taken, with the load (and a warning when it is high)."""
+    cpus = os.cpu_count() or 1
+    load = load_average()
+    load_text = "load n/a" if load is None else f"load {load:.2f}"
+    line = (f"python {platform.python_version()}, torch {torch.__version__}, {cpus} CPUs, "
+            f"torch threads {torch.get_num_threads()}, {platform.machine()}, {load_text} (1 min)")
+    if load is not None and load > BUSY_LOAD_PER_CPU * cpus:
+        line += (f"\nWARNING: the machine is busy (load {load:.2f} on {cpus} CPUs, before this benchmark "
+                 f"started): timings below are not trustworthy; rerun on a quiet machine")
+    return line
 
 
 def yes_no(ok: bool) -> str:

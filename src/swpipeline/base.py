@@ -179,7 +179,7 @@ class _PipelineBase(Tracing):
         shutdown.track(run)
         try:
             labels = {t.index: self._shortcuts.label(t.name) for t in self._tasks}
-            launch = make_launch(self.device, labels, self._nvtx, run.board.is_aborted)
+            launch = make_launch(self.device, labels, self._nvtx)
             recorder = self._new_recorder(run.tasks)
             wait = recorder.timed_wait(run.board.wait_task) if recorder is not None else None
             policy = self._new_policy(run)

@@ -27,7 +27,7 @@ construction as well.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import ordering
 from .base import _PipelineBase
@@ -53,8 +53,13 @@ class _Clock:
         self.period = 0  # the next period to release
         self.entered: Dict[int, IterContext] = {}  # period -> the iteration that entered in it (until it retires)
         self.entry_period: Dict[int, int] = {}  # iteration -> the period it entered in
+        self.lanes: List[Tuple[Callable[[List[Any]], None], List[Tuple[TaskRuntime, int]]]] = []  # see fill()
 
     def fill(self, data_iter: Iterator[Any]) -> None:
+        run = self.run
+        # each thread group's queue, with its slots in submission order as (the run's task, its stage)
+        self.lanes = [(run.workers[group].put, [(run.tasks[s.index], s.stage) for s in slots])
+                      for group, slots in self.schedule.group_slots().items()]
         depth = self.schedule.depth
         while self.period < depth and not self.run.exhausted:
             self._release(data_iter)
@@ -66,7 +71,7 @@ class _Clock:
         # After progress(None) the clock ran without a new batch; make sure the next
         # iteration to retire has all its stages released before anyone waits for it.
         nxt = self.entry_period.get(oldest + 1)
-        if nxt is not None:
+        if nxt is not None and nxt + self.schedule.depth > self.period:
             self._release_through(nxt + self.schedule.depth - 1)
 
     def _release(self, data_iter: Optional[Iterator[Any]]) -> None:
@@ -86,18 +91,19 @@ class _Clock:
         self.period = max(self.period, last + 1)
 
     def _hand_out(self, period: int) -> None:
-        """Number the period's turn-taking units, then hand each thread group its units of the period."""
-        tasks, entered = self.run.tasks, self.entered
-        self.schedule.assign_turns(period, lambda entry: self._iteration(entered.get(entry)), tasks)
-        per_group: Dict[str, List[Any]] = {}
-        for slot, ctx in self.schedule.units(period, entered):
-            units = per_group.get(slot.group)
-            if units is None:
-                units = per_group[slot.group] = []
-            units.append((tasks[slot.index], ctx, period))
-        workers = self.run.workers
-        for group, units in per_group.items():
-            workers[group].put(units)
+        """Number the period's turn-taking units, then hand each thread group its units of the period.
+
+        A group's units are ``schedule.units(period, entered)`` restricted to the group, in
+        the same (submission) order, built from the group's own slots.
+        """
+        entered = self.entered
+        if self.schedule.turn_slots:
+            self.schedule.assign_turns(period, lambda entry: self._iteration(entered.get(entry)), self.run.tasks)
+        get = entered.get
+        for put, slots in self.lanes:
+            units = [(task, ctx, period) for task, stage in slots if (ctx := get(period - stage)) is not None]
+            if units:
+                put(units)
 
     @staticmethod
     def _iteration(ctx: Optional[IterContext]) -> Optional[int]:

@@ -11,10 +11,12 @@ Three implementations:
   launch, event record and event wait per stream, so CPU tests can prove that the
   engine's GPU protocol orders every dependency (see ``SimulatedDevice.happens_before``).
 
-Guarantee the engines rely on: ``launch(stream, fn, ctx, name, cancelled)`` runs
-``fn(ctx)`` on the calling thread with ``stream`` current, and returns when ``fn``
-returns; if ``cancelled()`` is true once the stream is the caller's (on the CPU: once
-its lane is free), it raises ``PipelineAborted`` instead of running ``fn``.
+Guarantee the engines rely on: ``launch(stream, fn, ctx, name)`` runs ``fn(ctx)`` on
+the calling thread with ``stream`` current, and returns when ``fn`` returns. Whether
+to launch at all is the engine's decision: a worker starts no unit once its run is
+aborted, and a unit on a stream shared by thread groups waits for its turn on the
+stream (a wait that an abort ends), so a lane is never contended and an abort never
+waits behind one.
 """
 
 from __future__ import annotations
@@ -25,17 +27,12 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 import torch
 
-from .errors import PipelineAborted
 
 __all__: List[str] = []
 
 logger = logging.getLogger("swpipeline")
 
 TaskFn = Callable[[Any], Any]
-
-
-def _never() -> bool:
-    return False
 
 
 class Device:
@@ -102,10 +99,8 @@ class Device:
     def enter_thread(self) -> None:
         """Called once at the start of every worker thread."""
 
-    def launch(self, stream: Any, fn: TaskFn, ctx: Any, name: str, cancelled: Callable[[], bool] = _never) -> None:
+    def launch(self, stream: Any, fn: TaskFn, ctx: Any, name: str) -> None:
         with stream.lock:
-            if cancelled():
-                raise PipelineAborted()
             fn(ctx)
 
     def new_event(self) -> Any:
@@ -175,9 +170,7 @@ class TorchDevice(Device):
     def enter_thread(self) -> None:
         torch.accelerator.set_device_index(self.torch_device.index)
 
-    def launch(self, stream: Any, fn: TaskFn, ctx: Any, name: str, cancelled: Callable[[], bool] = _never) -> None:
-        if cancelled():
-            raise PipelineAborted()
+    def launch(self, stream: Any, fn: TaskFn, ctx: Any, name: str) -> None:
         with stream:
             fn(ctx)
 
@@ -230,10 +223,8 @@ class SimulatedDevice(Device):
             ops.append(op)
             return len(ops) - 1
 
-    def launch(self, stream: Any, fn: TaskFn, ctx: Any, name: str, cancelled: Callable[[], bool] = _never) -> None:
+    def launch(self, stream: Any, fn: TaskFn, ctx: Any, name: str) -> None:
         with stream.lock:
-            if cancelled():
-                raise PipelineAborted()
             fn(ctx)
             self._append(stream, ("launch", name, ctx.iter_idx))
 

@@ -38,15 +38,14 @@ RunUnit = Callable[[TaskRuntime, IterContext, Optional[int]], None]
 AfterComplete = Callable[[TaskRuntime, int], None]
 
 
-def make_launch(device: Device, labels: Dict[int, str], nvtx: bool,
-                cancelled: Callable[[], bool]) -> Callable[[TaskRuntime, IterContext], None]:
+def make_launch(device: Device, labels: Dict[int, str], nvtx: bool) -> Callable[[TaskRuntime, IterContext], None]:
     """Run a task's function on its stream, inside a ``SWP/{label}/iter{N}`` range when one is recorded."""
 
     def launch(task: TaskRuntime, ctx: IterContext) -> None:
         fn = task.exec_fn
         if nvtx or profiler_active():
             fn = partial(run_annotated, f"SWP/{labels[task.index]}/iter{ctx.iter_idx}", fn, nvtx=nvtx)
-        device.launch(task.stream, fn, ctx, task.name, cancelled)
+        device.launch(task.stream, fn, ctx, task.name)
 
     return launch
 

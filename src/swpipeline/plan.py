@@ -57,8 +57,8 @@ class IterContext:
                             "a value of your own in another attribute")
 
     def __init__(self, batch: Any, iter_idx: int) -> None:
-        object.__setattr__(self, "_swp_batch", batch)
-        object.__setattr__(self, "_swp_iter", iter_idx)
+        self._swp_batch = batch  # the slots behind the read-only fields
+        self._swp_iter = iter_idx
 
     def __getattr__(self, name: str) -> Any:  # only reached for attributes that were never set
         if name.startswith("__"):

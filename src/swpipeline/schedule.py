@@ -59,6 +59,7 @@ class Schedule:
     depth: int
     slots: Tuple[Slot, ...]  # one period, in submission order
     rows: Tuple[Slot, ...]  # print_schedule's rows: stage-descending, in submission order within a stage
+    turn_slots: Tuple[Slot, ...]  # the slots whose units take turns (globally ordered, or on a shared stream)
 
     @classmethod
     def build(cls, plan: PipelinePlan, stream_labels: Mapping[str, str], stream_keys: Mapping[str, object]) -> "Schedule":
@@ -78,7 +79,8 @@ class Schedule:
         slots = tuple(slot(name, k) for k, name in enumerate(order))
         # rows: stage-descending, in submission order within a stage, so that each stream's rows read
         # top to bottom in the order the stream runs them in a period
-        return cls(plan.depth, slots, tuple(sorted(slots, key=lambda s: (-s.stage, s.position))))
+        return cls(plan.depth, slots, tuple(sorted(slots, key=lambda s: (-s.stage, s.position))),
+                   tuple(s for s in slots if s.ordered or s.shares_stream))
 
     @property
     def stages(self) -> Tuple[int, ...]:
@@ -97,9 +99,7 @@ class Schedule:
         ``iteration_at(entry)`` is the iteration that entered in period ``entry``, or None;
         ``tasks`` are the run's TaskRuntimes, which hold the run's turns.
         """
-        for slot in self.slots:
-            if not (slot.ordered or slot.shares_stream):
-                continue
+        for slot in self.turn_slots:
             it = iteration_at(period - slot.stage)
             if it is None:
                 continue
