@@ -29,7 +29,8 @@ def test_exported_names() -> None:
 def test_internal_modules_export_nothing() -> None:
     for mod in ("plan", "ordering", "device", "signals", "worker", "base", "clocked", "dataflow", "tables", "errors",
                 "runtime", "progress_line", "shortcut", "profiler", "timeline", "trace_export", "charts", "stats",
-                "annotations", "executor", "records", "run", "schedule", "shutdown", "snapshot", "tracing"):
+                "annotations", "executor", "records", "run", "schedule", "shutdown", "snapshot", "tracing", "driving",
+                "serial", "scoped"):
         assert importlib.import_module(f"swpipeline.{mod}").__all__ == []
 
 

@@ -1,4 +1,4 @@
-"""_PipelineBase: the public API both engines share, driving one ``Run`` per fill.
+"""_PipelineBase: the life cycle both engines share, driving one ``Run`` per fill.
 
 An engine supplies a *policy* for each run (``_new_policy``): when a task of an
 iteration is handed to its worker (``fill``, ``after_retire``, and optionally
@@ -6,55 +6,46 @@ iteration is handed to its worker (``fill``, ``after_retire``, and optionally
 else is here or in the modules this one composes:
 
 * ``run.py``: the state of one fill (board, turns, events, workers, contexts,
-  failure, stopping within one join budget);
+  failure, stopping within one join budget), and the stragglers of ended runs;
 * ``executor.py``: one unit of work, the two-phase protocol;
+* ``driving.py``: who may drive a pipeline (one thread at a time, never a task of it);
 * ``shutdown.py``: runs nobody stopped, at exit and on garbage collection;
-* ``tracing.py``: recording timelines, statistics;
-* ``shortcut.py``: task shortcut.
+* the public API's other facets, mixed in: ``serial.py`` (the serial baseline),
+  ``shortcut.py`` (shortcut settings), ``tracing.py`` (timelines, statistics).
 
-Who may call what: a pipeline is *driven* (``fill_pipeline``, ``progress``, ``advance``,
-``drain``, ``abandon``, ``run``, ``run_serial``, ``run_one_serial_iter``) by one thread
-at a time, never from inside one of its own tasks; anything else is refused at once
-with an error naming both parties. Any exception that leaves a driving call while
-iterations are in flight ends the run: its iterations are abandoned (not drained) and
-its workers joined before the exception reaches the caller.
+Any exception that leaves a driving call while iterations are in flight ends the
+run: its iterations are abandoned (not drained) and its workers joined before the
+exception reaches the caller.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import math
 import threading
 import time
 import weakref
-from typing import (Any, Callable, ContextManager, Dict, Iterable, Iterator, List, NoReturn, Optional, Protocol, Set,
-                    Tuple, TypeVar)
+from typing import Any, Callable, Iterable, Iterator, List, NoReturn, Optional, Protocol
 
 import torch
 
 from . import ordering, shutdown
-from .annotations import profiler_active, resolve_emit_nvtx, run_annotated
+from .annotations import resolve_emit_nvtx
 from .device import Device, DeviceSpec, resolve_device
-from .errors import annotate, stop_iteration_error
+from .driving import DriverSeat, UnitOn, driving
 from .executor import AfterComplete, make_launch, make_unit_runner, traced
 from .plan import IterContext, PipelinePlan
 from .progress_line import ProgressLine, len_or_none
-from .run import ABANDONED, FAILED, FINISHED, Run
+from .run import ABANDONED, FAILED, FINISHED, Run, Stragglers
 from .runtime import bind_run, build_tasks
 from .schedule import Schedule
-from .shortcut import ShortcutTable
+from .serial import SerialBaseline
+from .shortcut import ShortcutSettings, ShortcutTable
 from .timeline import parse_trace
-from .tracing import Tracing, _Scoped
-from .worker import Worker
+from .tracing import Tracing
 
 __all__: List[str] = []
-
-logger = logging.getLogger("swpipeline")
-
-F = TypeVar("F", bound=Callable[..., Any])
-
 
 class Policy(Protocol):
     """What an engine decides for one run: when units are handed to workers."""
@@ -79,24 +70,6 @@ def _seconds(name: str, value: object) -> float:
     return float(value)
 
 
-def _driving(method: F) -> F:
-    """Mark a method that drives the pipeline: one thread at a time, never from inside a task."""
-    name = method.__name__
-
-    @functools.wraps(method)
-    def guarded(self: "_PipelineBase", *args: Any, **kwargs: Any) -> Any:
-        me = threading.current_thread()
-        claim = (me.ident, name, me.name)
-        try:
-            self._claim(claim)
-            return method(self, *args, **kwargs)
-        finally:
-            if self._driver is claim:
-                self._driver = None
-
-    return guarded  # type: ignore[return-value]
-
-
 def _enter_worker_thread(torch_threads: int, device: Device, worker_init: Optional[Callable[[str], None]],
                          group: str) -> None:
     # Torch's intra-op thread count is per OS thread: give workers the caller's setting.
@@ -106,7 +79,7 @@ def _enter_worker_thread(torch_threads: int, device: Device, worker_init: Option
         worker_init(group)
 
 
-class _PipelineBase(Tracing):
+class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
     """Shared infrastructure of the pipeline engines (see the module docstring)."""
 
     def __init__(self, plan: PipelinePlan, num_slots: int, device: DeviceSpec = None, *,
@@ -134,37 +107,12 @@ class _PipelineBase(Tracing):
         self._caller_group: Optional[str] = None  # a thread group run by the caller of progress()
         self._run: Optional[Run] = None  # the current fill (None: idle)
         self._peak_live_contexts = 0
-        self._stragglers: List[Worker] = []  # threads of ended runs that were still in a task
-        self._driver: Optional[Tuple[Optional[int], str, str]] = None  # (thread, method, thread name) driving
-        self._claim_lock = threading.Lock()
+        self._stragglers = Stragglers()  # threads of ended runs that were still in a task
+        self._seat = DriverSeat()
         self._nvtx = False
         self._slot = shutdown.RunSlot()
         weakref.finalize(self, self._slot.release)
         Tracing.__init__(self)
-
-    # -- who drives ------------------------------------------------------------------------------
-
-    def _claim(self, claim: Tuple[Optional[int], str, str]) -> None:
-        me, what, _ = claim
-        run = self._run
-        unit = run.task_running_on(me) if run is not None and me is not None else None
-        if unit is not None:
-            where = "while its thread starts (worker_init)" if len(unit) < 2 else (
-                f"from inside task {unit[0].name!r} (iteration {unit[1].iter_idx})")
-            raise RuntimeError(f"{what}() called {where}: a task must not drive the pipeline that runs it "
-                               f"(it would wait for itself); drive it from the thread that called fill_pipeline()")
-        with self._claim_lock:
-            holder = self._driver
-            if holder is None:
-                self._driver = claim
-                return
-        if holder[0] == me:
-            raise RuntimeError(f"{what}() called while this thread is already inside {holder[1]}() (from the data "
-                               f"iterator, or from a task running on the caller's thread); a pipeline cannot be "
-                               f"driven from within its own driving call")
-        raise RuntimeError(f"{what}() called from thread {claim[2]!r} while thread {holder[2]!r} is in {holder[1]}(); "
-                           f"a pipeline is driven by one thread at a time (fill_pipeline, progress, advance, drain, "
-                           f"abandon, run): call it from that thread, or after its call returns")
 
     # -- the run's life cycle ------------------------------------------------------------------
 
@@ -172,7 +120,7 @@ class _PipelineBase(Tracing):
         raise NotImplementedError
 
     def _start_run(self, data_iter: Iterator[Any]) -> None:
-        self._check_stragglers()
+        self._stragglers.check(self.join_timeout)
         run = Run(bind_run(self._tasks, self.device, self._event_slots), self.device, self._event_slots,
                   progress_timeout=self.progress_timeout, join_timeout=self.join_timeout)
         self._run = self._slot.run = run
@@ -198,32 +146,13 @@ class _PipelineBase(Tracing):
         except BaseException as exc:
             self._fail(run, exc)
 
-    def _check_stragglers(self) -> None:
-        self._stragglers = [w for w in self._stragglers if w.alive]
-        for worker in self._stragglers:
-            unit = worker.current
-            if unit is not None:
-                task, ctx = unit[0], unit[1]
-                raise RuntimeError(
-                    f"fill_pipeline(): thread {worker.thread.name!r} of an earlier run is still running task "
-                    f"{task.name!r} (iteration {ctx.iter_idx}) on stream {task.stream_label!r}, which this run "
-                    f"needs; wait until that task returns (it did not within join_timeout={self.join_timeout:g} s), "
-                    f"then call fill_pipeline() again"
-                )
-
     def _end(self, run: Run, state: str) -> None:
         """Stop ``run`` (idempotent), remembering any straggler."""
         try:
             stragglers = run.stop(state)
         finally:
             self._peak_live_contexts = run.peak_live_contexts
-        for worker in stragglers:
-            if worker not in self._stragglers:
-                self._stragglers.append(worker)
-                unit = worker.current
-                doing = f"task {unit[0].name!r} (iteration {unit[1].iter_idx})" if unit and len(unit) > 1 else "start-up"
-                logger.warning("worker thread %r did not stop within %.1f s (still in %s); a later fill_pipeline() "
-                               "waits for it", worker.thread.name, self.join_timeout, doing)
+        self._stragglers.adopt(run, stragglers)
 
     def _fail(self, run: Run, exc: BaseException) -> NoReturn:
         """End the run as failed (its threads joined) and raise ``exc`` in the caller."""
@@ -242,9 +171,14 @@ class _PipelineBase(Tracing):
         run = self._run
         return run if run is not None and run.active else None
 
+    def _unit_on(self) -> Optional[UnitOn]:
+        """How to find the unit a worker of the current run runs on a thread (see driving.py)."""
+        run = self._run
+        return run.task_running_on if run is not None else None
+
     # -- public API ----------------------------------------------------------------------------
 
-    @_driving
+    @driving
     def fill_pipeline(self, data_iter: Iterable[Any]) -> Iterator[Any]:
         """Start the workers and submit the first iterations; returns the iterator to pass to progress().
 
@@ -269,7 +203,7 @@ class _PipelineBase(Tracing):
         self._start_run(it)
         return it
 
-    @_driving
+    @driving
     def progress(self, data_iter: Optional[Iterator[Any]] = None, *, advance: bool = True) -> int:
         """Retire the oldest in-flight iteration and advance; returns its iter_idx.
 
@@ -324,7 +258,7 @@ class _PipelineBase(Tracing):
         raise RuntimeError("progress() after the pipeline failed (the error was raised earlier); "
                            "call drain() and fill_pipeline() to start again")
 
-    @_driving
+    @driving
     def advance(self, fetch: bool = True) -> None:
         """Start what the last ``progress(advance=False)`` held back (its batch too, unless ``fetch`` is False)."""
         self._advance(fetch)
@@ -339,7 +273,7 @@ class _PipelineBase(Tracing):
         except BaseException as exc:
             self._fail(run, exc)
 
-    @_driving
+    @driving
     def abandon(self) -> None:
         """Stop now without running the iterations in flight (their batches are dropped); ready for a new fill."""
         self._abandon()
@@ -359,7 +293,7 @@ class _PipelineBase(Tracing):
         contexts = run.contexts.copy()
         return [contexts[i] for i in sorted(contexts)]
 
-    @_driving
+    @driving
     def drain(self) -> None:
         """Retire every in-flight iteration, stop and join the workers, and reset for a new fill.
 
@@ -385,7 +319,7 @@ class _PipelineBase(Tracing):
         if run.state == FINISHED:
             self.device.synchronize()
 
-    @_driving
+    @driving
     def run(self, data_iter: Iterable[Any], verbose: bool = False, emit_nvtx: bool = False,
             trace: Any = None) -> float:
         """Run every batch of ``data_iter`` through the pipeline; returns wall-clock seconds.
@@ -437,110 +371,6 @@ class _PipelineBase(Tracing):
         from .annotations import emit_nvtx_context
 
         return emit_nvtx_context() if self._nvtx else contextlib.nullcontext()
-
-    @_driving
-    def run_one_serial_iter(self, batch: Any, iter_idx: int = 0) -> IterContext:
-        """Run one iteration serially on the calling thread, tasks in topological order.
-
-        Needs no fill_pipeline() and leaves no state behind. Returns the IterContext.
-        """
-        if self._active_run() is not None:
-            raise RuntimeError("run_one_serial_iter() while pipelined iterations are in flight; call drain() first")
-        return self._serial_iter(batch, iter_idx)
-
-    def _serial_iter(self, batch: Any, iter_idx: int) -> IterContext:
-        ctx = IterContext(batch, iter_idx)
-        annotate_ranges = self._nvtx or profiler_active()
-        for task in self._serial_order:
-            try:
-                if annotate_ranges:
-                    run_annotated(f"SWP_serial/{self._shortcuts.label(task.name)}/iter{iter_idx}", task.exec_fn,
-                                  ctx, self._nvtx)
-                else:
-                    task.exec_fn(ctx)
-            except StopIteration as exc:
-                raise annotate(stop_iteration_error(exc, task.name, iter_idx), task.name, iter_idx) from exc
-            except BaseException as exc:
-                raise annotate(exc, task.name, iter_idx)
-        return ctx
-
-    @_driving
-    def run_serial(self, data_iter: Iterable[Any], verbose: bool = False, emit_nvtx: bool = False) -> float:
-        """Run every batch serially (no threads, default stream) as a baseline; returns seconds."""
-        if self._active_run() is not None:
-            raise RuntimeError("run_serial() while pipelined iterations are in flight; call drain() first")
-        self._nvtx = resolve_emit_nvtx(emit_nvtx)
-        bar = ProgressLine(f"{type(self).__name__} (serial)", len_or_none(data_iter)) if verbose else None
-        start = time.perf_counter()
-        try:
-            for idx, batch in enumerate(data_iter):
-                self._serial_iter(batch, idx)
-                if bar is not None:
-                    bar.step()
-            self.device.synchronize()
-        finally:
-            self._nvtx = False
-            if bar is not None:
-                bar.close()
-        return time.perf_counter() - start
-
-    # -- shortcuts -------------------------------------------------------------------------------
-
-    def enable_shortcut(self, *names: str) -> None:
-        """Shortcut these tasks: the next execution caches what each leaves on the context, later ones replay it.
-
-        Settings and caches survive drain(); globally ordered tasks keep their turn.
-
-        Raises:
-            ValueError: an unknown task name.
-            RuntimeError: iterations are in flight (call drain() first).
-        """
-        self._require_idle("enable_shortcut")
-        self._shortcuts.enable(names)
-        self._refresh_executors()
-
-    def disable_shortcut(self, *names: str) -> None:
-        """Run these tasks normally again and drop their caches."""
-        self._require_idle("disable_shortcut")
-        self._shortcuts.disable(names)
-        self._refresh_executors()
-
-    @property
-    def shortcuts(self) -> List[str]:
-        """The names of the shortcut tasks, sorted."""
-        return sorted(self._shortcuts.enabled)
-
-    def without_shortcuts(self) -> ContextManager[None]:
-        """Within the block no task is shortcut and no cache exists; afterwards both are as before."""
-        self._require_idle("without_shortcuts")
-        return _Scoped(self._suspend_shortcuts, self._resume_shortcuts)
-
-    def _suspend_shortcuts(self) -> Tuple[Set[str], Dict[str, Any]]:
-        table = self._shortcuts
-        saved = (set(table.enabled), dict(table.caches))
-        table.enabled, table.caches = set(), {}
-        self._refresh_executors()
-        return saved
-
-    def _resume_shortcuts(self, saved: Tuple[Set[str], Dict[str, Any]]) -> None:
-        self._shortcuts.enabled, self._shortcuts.caches = saved
-        self._refresh_executors()
-
-    @property
-    def serial_order(self) -> List[str]:
-        """The tasks in the order a serial iteration runs them (topological; ties by stage, then name)."""
-        return [t.name for t in self._serial_order]
-
-    def _serial_names(self) -> List[str]:
-        return self.serial_order
-
-    def _refresh_executors(self) -> None:
-        for task in self._tasks:
-            task.exec_fn = self._shortcuts.executor(task.task)
-
-    def _require_idle(self, what: str) -> None:
-        if self._active_run() is not None:
-            raise RuntimeError(f"{what}() while iterations are in flight; call drain() first")
 
     # -- state ----------------------------------------------------------------------------------
 

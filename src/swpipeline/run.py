@@ -19,6 +19,7 @@ while it runs is held back until the joins are over, then re-raised.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -32,6 +33,8 @@ from .signals import CompletionBoard
 from .worker import InlineWorker, Unit, Worker, WorkerLike
 
 __all__: List[str] = []
+
+logger = logging.getLogger("swpipeline")
 
 RUNNING, FINISHED, FAILED, ABANDONED = "running", "finished", "failed", "abandoned"
 
@@ -239,3 +242,35 @@ class Run:
         self.abort()
         for worker in list(self.workers.values()):
             worker.stop()
+
+
+class Stragglers:
+    """Worker threads of ended runs still inside a task: a later fill waits until they are gone."""
+
+    def __init__(self) -> None:
+        self.workers: List[Worker] = []
+
+    def adopt(self, run: Run, found: List[Worker]) -> None:
+        """Remember the stragglers ``run.stop`` returned, warning once about each."""
+        for worker in found:
+            if worker in self.workers:
+                continue
+            self.workers.append(worker)
+            unit = worker.current
+            doing = f"task {unit[0].name!r} (iteration {unit[1].iter_idx})" if unit and len(unit) > 1 else "start-up"
+            logger.warning("worker thread %r did not stop within %.1f s (still in %s); a later fill_pipeline() "
+                           "waits for it", worker.thread.name, run.join_timeout, doing)
+
+    def check(self, join_timeout: float) -> None:
+        """Raise RuntimeError naming a straggler still inside a task (the new run would share its lanes)."""
+        self.workers = [w for w in self.workers if w.alive]
+        for worker in self.workers:
+            unit = worker.current
+            if unit is not None:
+                task, ctx = unit[0], unit[1]
+                raise RuntimeError(
+                    f"fill_pipeline(): thread {worker.thread.name!r} of an earlier run is still running task "
+                    f"{task.name!r} (iteration {ctx.iter_idx}) on stream {task.stream_label!r}, which this run "
+                    f"needs; wait until that task returns (it did not within join_timeout={join_timeout:g} s), "
+                    f"then call fill_pipeline() again"
+                )

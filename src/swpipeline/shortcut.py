@@ -26,11 +26,12 @@ from __future__ import annotations
 
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
 
 from .plan import IterContext, PipelineTask
+from .scoped import Scoped
 from .snapshot import Cached, Restorer, Snapshot, Unreplayable
 
 __all__: List[str] = []
@@ -246,3 +247,65 @@ def _replay(task: PipelineTask, ctx: IterContext, cache: TaskCache) -> None:
         setattr(ctx, name, value)
     for io, cached in zip(task.io, cache.io_values):
         io.restore(restorer.give(cached))
+
+
+class ShortcutSettings:
+    """The shortcut half of a pipeline's public API (mixed into ``_PipelineBase``).
+
+    Settings and caches belong to the pipeline, not to a run: they survive ``drain()``.
+    Changing them while iterations are in flight is refused.
+    """
+
+    _shortcuts: ShortcutTable
+    _tasks: List[Any]  # the pipeline's TaskRuntimes: each launches its ``exec_fn``
+
+    def _active_run(self) -> Any:
+        raise NotImplementedError
+
+    def enable_shortcut(self, *names: str) -> None:
+        """Shortcut these tasks: the next execution caches what each leaves on the context, later ones replay it.
+
+        Settings and caches survive drain(); globally ordered tasks keep their turn.
+
+        Raises:
+            ValueError: an unknown task name.
+            RuntimeError: iterations are in flight (call drain() first).
+        """
+        self._require_idle("enable_shortcut")
+        self._shortcuts.enable(names)
+        self._refresh_executors()
+
+    def disable_shortcut(self, *names: str) -> None:
+        """Run these tasks normally again and drop their caches."""
+        self._require_idle("disable_shortcut")
+        self._shortcuts.disable(names)
+        self._refresh_executors()
+
+    @property
+    def shortcuts(self) -> List[str]:
+        """The names of the shortcut tasks, sorted."""
+        return sorted(self._shortcuts.enabled)
+
+    def without_shortcuts(self) -> ContextManager[None]:
+        """Within the block no task is shortcut and no cache exists; afterwards both are as before."""
+        self._require_idle("without_shortcuts")
+        return Scoped(self._suspend_shortcuts, self._resume_shortcuts)
+
+    def _suspend_shortcuts(self) -> Tuple[Set[str], Dict[str, TaskCache]]:
+        table = self._shortcuts
+        saved = (set(table.enabled), dict(table.caches))
+        table.enabled, table.caches = set(), {}
+        self._refresh_executors()
+        return saved
+
+    def _resume_shortcuts(self, saved: Tuple[Set[str], Dict[str, TaskCache]]) -> None:
+        self._shortcuts.enabled, self._shortcuts.caches = saved
+        self._refresh_executors()
+
+    def _refresh_executors(self) -> None:
+        for task in self._tasks:
+            task.exec_fn = self._shortcuts.executor(task.task)
+
+    def _require_idle(self, what: str) -> None:
+        if self._active_run() is not None:
+            raise RuntimeError(f"{what}() while iterations are in flight; call drain() first")

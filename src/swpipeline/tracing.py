@@ -9,9 +9,10 @@ traced fill stays readable until the next fill.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Generic, List, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, ContextManager, List, Optional, Sequence
 
 from .records import PathLike
+from .scoped import Scoped
 from .stats import RunStats
 from .timeline import Recorder, Timeline
 
@@ -70,7 +71,7 @@ class Tracing:
 
         For step-by-step loops; ``run(data, trace=True)`` is the one-call form.
         """
-        return _Scoped(lambda: self._begin_traced_run(True), self._end_traced_run)
+        return Scoped(lambda: self._begin_traced_run(True), self._end_traced_run)
 
     @property
     def timeline(self) -> Optional[Timeline]:
@@ -88,25 +89,3 @@ class Tracing:
             raise RuntimeError("stats(): the last run was not traced; use run(data, trace=True) (or verbose=True, "
                                "or fill_pipeline() inside `with pipe.tracing():`) to record what stats() summarizes")
         return timeline.stats()
-
-
-
-S = TypeVar("S")
-
-
-class _Scoped(Generic[S]):
-    """A with-block that calls ``enter()`` and hands its result to ``leave`` at the end.
-
-    A class rather than ``contextlib.contextmanager``: an exception leaving the block
-    passes through untouched (a generator-based manager writes ``__traceback__`` onto
-    it, which a frozen-dataclass exception refuses, replacing the user's exception).
-    """
-
-    def __init__(self, enter: Callable[[], S], leave: Callable[[S], None]) -> None:
-        self._enter, self._leave = enter, leave
-
-    def __enter__(self) -> None:
-        self._saved = self._enter()
-
-    def __exit__(self, *exc: Any) -> None:
-        self._leave(self._saved)
