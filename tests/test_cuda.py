@@ -122,3 +122,99 @@ def test_traced_run_has_device_times_on_accelerators(device: str) -> None:
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
     cats = {e["cat"] for e in timeline.to_chrome_trace()["traceEvents"] if e["ph"] == "X" and e["pid"] == 2}
     assert cats == ({"device"} if device == "cuda" else {"task"})
+
+
+# -- one test per hazard of the accelerator path; each fails without its fix -----------------------------
+
+@pytest.mark.parametrize("engine", ["clocked", "dataflow"])
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_memory_handed_from_a_copy_stream_is_not_reused_under_the_reader(engine: str) -> None:
+    # H2D allocates on the "copy" stream; Forward on the default stream spins ~2 ms before reading it.
+    # The context is dropped as soon as Forward has *launched*, so without keep-alive the copy stream
+    # hands the block to H2D two iterations later, which overwrites it before the spin ends.
+    n, size = 24, 1 << 22
+    sums: List[torch.Tensor] = []
+
+    def h2d(ctx: IterContext) -> None:
+        ctx.x = torch.full((size,), float(ctx.batch), device="cuda")
+
+    def forward(ctx: IterContext) -> None:
+        torch.cuda._sleep(4_000_000)
+        sums.append(ctx.x.sum())
+
+    copy, fwd = PipelineTask("H2D", h2d), PipelineTask("Forward", forward)
+    plan = PipelinePlan({copy: TaskSchedule(stage=0, stream="copy", thread_group="io"), fwd: TaskSchedule(stage=1)},
+                        intra_iter_deps=[(fwd, copy)])
+    pipe: Any = SWPipeline(plan, device="cuda") if engine == "clocked" else DataFlowPipeline(plan, 3, device="cuda")
+    pipe.run(range(n))
+    torch.cuda.synchronize()
+    assert [float(s) for s in sums] == [float(i) * size for i in range(n)]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_two_thread_groups_and_the_caller_share_the_default_stream() -> None:
+    # Tasks of two thread groups run on the default stream while the caller's thread enters the same
+    # stream object; each thread sees its own current stream, and nothing raises.
+    default = torch.cuda.default_stream()
+    seen: List[Tuple[str, int]] = []
+
+    def task(name: str) -> Any:
+        def run(ctx: IterContext) -> None:
+            torch.cuda._sleep(1_000_000)
+            seen.append((name, torch.cuda.current_stream().stream_id))
+        return run
+
+    a, b = PipelineTask("A", task("A")), PipelineTask("B", task("B"))
+    plan = PipelinePlan({a: TaskSchedule(thread_group="g1"), b: TaskSchedule(thread_group="g2")})
+    pipe = SWPipeline(plan, device="cuda")
+    it = pipe.fill_pipeline(range(20))
+    while True:
+        with default:  # the caller's own use of the stream object
+            torch.cuda._sleep(100_000)
+        try:
+            pipe.progress(it)
+        except StopIteration:
+            break
+    assert len(seen) == 40 and {sid for _, sid in seen} == {default.stream_id}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_default_is_the_stream_current_when_filling() -> None:
+    mine = torch.cuda.Stream()
+    seen: List[int] = []
+    plan = PipelinePlan({PipelineTask("Work", lambda ctx: seen.append(torch.cuda.current_stream().stream_id)):
+                         TaskSchedule(thread_group="w")})
+    with torch.cuda.stream(mine):
+        SWPipeline(plan, device="cuda").run(range(3))
+    assert seen == [mine.stream_id] * 3
+
+
+@pytest.mark.parametrize("engine", ["clocked", "dataflow"])
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_autocast_of_the_caller_reaches_the_workers(engine: str) -> None:
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 64).cuda()
+    out: Dict[int, torch.Tensor] = {}
+
+    def prep(ctx: IterContext) -> None:
+        ctx.h = layer(ctx.batch)
+
+    def head(ctx: IterContext) -> None:
+        out[ctx.iter_idx] = layer(torch.relu(ctx.h)).detach()
+
+    p, h = PipelineTask("Prep", prep), PipelineTask("Head", head)
+    plan = PipelinePlan({p: TaskSchedule(stage=0, stream="prep", thread_group="prep"), h: TaskSchedule(stage=1)},
+                        intra_iter_deps=[(h, p)])
+    data = [torch.randn(32, 64, device="cuda", generator=torch.Generator("cuda").manual_seed(i)) for i in range(6)]
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        SWPipeline(plan, device="cuda").run_serial(data)
+    serial = {i: t.clone() for i, t in out.items()}
+    pipe: Any = SWPipeline(plan, device="cuda") if engine == "clocked" else DataFlowPipeline(plan, 3, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        pipe.run(data)
+    torch.cuda.synchronize()
+    assert all(out[i].dtype == torch.bfloat16 and torch.equal(out[i], serial[i]) for i in range(6))

@@ -7,7 +7,6 @@ from .clocked import SWPipeline as SWPipeline
 from .dataflow import DataFlowPipeline as DataFlowPipeline
 from .device import CPUDevice as CPUDevice
 from .device import Device as Device
-from .device import SimulatedDevice as SimulatedDevice
 from .device import TorchDevice as TorchDevice
 from .errors import DependencyTimeoutError as DependencyTimeoutError
 from .errors import PipelineTimeoutError as PipelineTimeoutError
@@ -20,6 +19,7 @@ from .plan import PipelineTask as PipelineTask
 from .plan import TaskSchedule as TaskSchedule
 from .profiler import ProfileResult as ProfileResult
 from .profiler import TaskProfiler as TaskProfiler
+from .simulated import SimulatedDevice as SimulatedDevice
 from .stats import RunStats as RunStats
 from .stats import TaskStats as TaskStats
 from .records import DependencyWait as DependencyWait

@@ -35,6 +35,7 @@ from .annotations import resolve_emit_nvtx
 from .device import Device, DeviceSpec, resolve_device
 from .driving import DriverSeat, UnitOn, driving
 from .executor import AfterComplete, make_launch, make_unit_runner, traced
+from .modes import Modes, device_types
 from .plan import IterContext, PipelinePlan
 from .progress_line import ProgressLine, len_or_none
 from .run import ABANDONED, FAILED, FINISHED, Run, Stragglers
@@ -95,6 +96,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
         self.plan = plan
         self.worker_init = worker_init
         self.device = resolve_device(device)
+        self._mode_types = device_types(self.device.device_type)  # whose autocast state to carry to workers
         self._event_slots = num_slots + 1  # see runtime.bind_run: inter consumers may lag one iteration
         ordering.validate_stages(plan)
         self._tasks = build_tasks(plan, self.device)
@@ -121,8 +123,9 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
 
     def _start_run(self, data_iter: Iterator[Any]) -> None:
         self._stragglers.check(self.join_timeout)
-        run = Run(bind_run(self._tasks, self.device, self._event_slots), self.device, self._event_slots,
-                  progress_timeout=self.progress_timeout, join_timeout=self.join_timeout)
+        default = self._caller_stream()
+        run = Run(bind_run(self._tasks, self.device, self._event_slots, default), self.device, self._event_slots,
+                  progress_timeout=self.progress_timeout, join_timeout=self.join_timeout, default_stream=default)
         self._run = self._slot.run = run
         shutdown.track(run)
         try:
@@ -142,9 +145,24 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
                 return functools.partial(_enter_worker_thread, torch_threads, device, worker_init, group)
 
             run.start_workers(self._groups, run_unit, enter, self._caller_group)
+            run.modes = Modes.capture(self._mode_types)
             policy.fill(data_iter)
         except BaseException as exc:
             self._fail(run, exc)
+
+    def _caller_stream(self) -> Any:
+        """The stream current on the filling thread, which the run's "default" tasks use; refused if the plan
+        names it for other tasks (they would share it without taking turns)."""
+        stream, default = self.device.caller_stream(), self.device.default_stream()
+        if stream is not default:
+            on_it = [t for t in self._tasks if t.stream is stream]
+            if on_it:
+                named = [t.name for t in on_it]
+                raise ValueError(
+                    f"fill_pipeline(): the stream current on this thread ({on_it[0].stream_label!r}) is "
+                    f"also the stream of task(s) {named}; the plan's \"default\" tasks would run on it beside them. "
+                    f"Fill the pipeline outside that stream's context, or give those tasks another stream")
+        return stream
 
     def _end(self, run: Run, state: str) -> None:
         """Stop ``run`` (idempotent), remembering any straggler."""
@@ -236,6 +254,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
                 run.inline.run_queued()
             oldest = run.retire_oldest()
             if advance:
+                run.modes = Modes.capture(self._mode_types)
                 run.policy.after_retire(oldest, data_iter)
             else:
                 run.deferred = (oldest, data_iter)
@@ -269,6 +288,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
             return
         (oldest, data_iter), run.deferred = run.deferred, None
         try:
+            run.modes = Modes.capture(self._mode_types)
             run.policy.after_retire(oldest, data_iter if fetch else None)
         except BaseException as exc:
             self._fail(run, exc)

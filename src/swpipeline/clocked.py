@@ -53,7 +53,7 @@ class _Clock:
         self.period = 0  # the next period to release
         self.entered: Dict[int, IterContext] = {}  # period -> the iteration that entered in it (until it retires)
         self.entry_period: Dict[int, int] = {}  # iteration -> the period it entered in
-        self.lanes: List[Tuple[Callable[[List[Any]], None], List[Tuple[TaskRuntime, int]]]] = []  # see fill()
+        self.lanes: List[Tuple[Callable[..., None], List[Tuple[TaskRuntime, int]]]] = []  # see fill()
 
     def fill(self, data_iter: Iterator[Any]) -> None:
         run = self.run
@@ -99,11 +99,11 @@ class _Clock:
         entered = self.entered
         if self.schedule.turn_slots:
             self.schedule.assign_turns(period, lambda entry: self._iteration(entered.get(entry)), self.run.tasks)
-        get = entered.get
+        get, modes = entered.get, self.run.modes
         for put, slots in self.lanes:
             units = [(task, ctx, period) for task, stage in slots if (ctx := get(period - stage)) is not None]
             if units:
-                put(units)
+                put(units, modes)
 
     @staticmethod
     def _iteration(ctx: Optional[IterContext]) -> Optional[int]:

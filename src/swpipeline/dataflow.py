@@ -97,7 +97,7 @@ class _Sequences:
                 k += 1
             self.cursors[group] = (period, k)
             if units:
-                run.workers[group].put(units)
+                run.workers[group].put(units, run.modes)
 
 
 class DataFlowPipeline(_PipelineBase):

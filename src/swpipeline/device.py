@@ -7,12 +7,22 @@ Three implementations:
   reduce to the CPU signals the engine already waits on, so ``uses_events`` is False.
 * ``TorchDevice``: an accelerator through torch's device-agnostic ``torch.Stream`` /
   ``torch.Event`` API (CUDA, and any other backend torch exposes the same way).
-* ``SimulatedDevice``: runs like the CPU device but keeps an ordered log of every
-  launch, event record and event wait per stream, so CPU tests can prove that the
-  engine's GPU protocol orders every dependency (see ``SimulatedDevice.happens_before``).
+* ``SimulatedDevice`` (``simulated.py``): for tests, runs like the CPU device but
+  records what a GPU would be asked to do, and can model streams running behind the
+  host to catch ordering and memory-lifetime mistakes on the CPU.
 
-Guarantee the engines rely on: ``launch(stream, fn, ctx, name)`` runs ``fn(ctx)`` on
-the calling thread with ``stream`` current, and returns when ``fn`` returns. Whether
+Guarantees the engines rely on:
+
+* ``launch(stream, fn, ctx, name)`` runs ``fn(ctx)`` on the calling thread with
+  ``stream`` current, and returns when ``fn`` returns; the stream is made current
+  for that call and that thread only (never through state kept on the stream object,
+  which several threads may use at once), and the thread's previous stream is
+  restored afterwards.
+* ``caller_stream()`` is the stream current on the calling thread: a pipeline's
+  ``"default"`` stream for a run is the one current on the thread that fills it.
+* ``keep_alive(tensor, stream)`` keeps the tensor's memory from being reused until
+  ``stream``'s work submitted so far is done (``Tensor.record_stream``), for devices
+  that ``tracks_memory``. Whether
 to launch at all is the engine's decision: a worker starts no unit once its run is
 aborted, and a unit on a stream shared by thread groups waits for its turn on the
 stream (a wait that an abort ends), so a lane is never contended and an abort never
@@ -23,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import torch
 
@@ -39,7 +49,9 @@ class Device:
     """Base interface; the CPU behaviour is the default."""
 
     kind = "cpu"
+    device_type = "cpu"  # torch's device type of the work (autocast is captured for it and for the CPU)
     uses_events = False  # whether the engine must record/wait device events
+    tracks_memory = False  # whether tensors crossing streams must be kept alive for their readers (keep_alive)
     has_timing_events = False  # whether new_timing_event() gives events that measure device time
 
     def __init__(self) -> None:
@@ -83,6 +95,10 @@ class Device:
             self._named["default"] = _Lane("default")
         return self._named["default"]
 
+    def caller_stream(self) -> Any:
+        """The stream current on the calling thread (on the CPU: the default lane)."""
+        return self.default_stream()
+
     def _new_stream(self, name: str) -> Any:
         return _Lane(name)
 
@@ -109,6 +125,9 @@ class Device:
     def new_timing_event(self) -> Any:
         """An event whose ``record()``/``elapsed_time()`` measure device time (tracing only)."""
         raise NotImplementedError(f"{self.kind} has no timing events")
+
+    def keep_alive(self, tensor: Any, stream: Any) -> None:
+        """Keep ``tensor``'s memory from reuse until ``stream``'s work submitted so far is done."""
 
     def record(self, event: Any, stream: Any) -> None:
         """Record ``event`` after the work submitted so far to ``stream``."""
@@ -139,40 +158,68 @@ class CPUDevice(Device):
 
 
 class TorchDevice(Device):
-    """An accelerator driven through torch.Stream / torch.Event."""
+    """An accelerator driven through torch's device-generic ``torch.Stream`` / ``torch.Event`` API.
+
+    Args:
+        device: the accelerator, e.g. ``"cuda"``, ``"cuda:1"`` or a torch.device.
+        stream_priorities: a priority for named streams, e.g. ``{"memcpy": -1}``
+            (0 or negative; lower runs first when streams compete, as
+            ``torch.Stream(priority=...)``). Streams not named here get priority 0.
+    """
 
     uses_events = True
     has_timing_events = True
+    tracks_memory = True
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: Union[torch.device, str], *, stream_priorities: Optional[Mapping[str, int]] = None
+                 ) -> None:
         super().__init__()
+        device = torch.device(device)
         index: Optional[int] = device.index  # None for a bare "cuda"
         if index is None:
             device = torch.device(device.type, torch.accelerator.current_device_index())
         self.torch_device = device
+        self.index: int = device.index if device.index is not None else 0
         self.kind = str(device)
-        self._default: Any
+        self.device_type = device.type
+        self._priorities = dict(stream_priorities or {})
+        for name, priority in self._priorities.items():
+            if not isinstance(name, str) or isinstance(priority, bool) or not isinstance(priority, int) or priority > 0:
+                raise ValueError(f"stream_priorities: {name!r}: {priority!r}; give each stream name an int <= 0 "
+                                 f"(negative numbers run first)")
+        self._default: Any = torch.accelerator.current_stream(self.index)
         if device.type == "cuda":
             self._default = torch.cuda.default_stream(device)
-        else:
-            self._default = torch.accelerator.current_stream(device)
 
     def default_stream(self) -> Any:
         return self._default
 
+    def caller_stream(self) -> Any:
+        return torch.accelerator.current_stream(self.index)
+
     def _new_stream(self, name: str) -> Any:
-        return torch.Stream(device=self.torch_device)
+        return torch.Stream(device=self.torch_device, priority=self._priorities.get(name, 0))
 
     def _adopt_stream(self, obj: Any) -> Any:
         self.stream_label(obj)
         return obj
 
     def enter_thread(self) -> None:
-        torch.accelerator.set_device_index(self.torch_device.index)
+        torch.accelerator.set_device_index(self.index)
 
     def launch(self, stream: Any, fn: TaskFn, ctx: Any, name: str) -> None:
-        with stream:
+        # Per call and per thread: torch keeps the current stream per thread, so two thread groups can run
+        # on one stream object at once (``with stream:`` would share one saved-stream slot on the object).
+        previous = torch.accelerator.current_stream(self.index)
+        torch.accelerator.set_stream(stream)
+        try:
             fn(ctx)
+        finally:
+            torch.accelerator.set_stream(previous)
+
+    def keep_alive(self, tensor: Any, stream: Any) -> None:
+        if tensor.device.type == self.device_type and tensor.layout == torch.strided:
+            tensor.record_stream(stream)
 
     def new_event(self) -> Any:
         return torch.Event(device=self.torch_device)
@@ -188,91 +235,6 @@ class TorchDevice(Device):
 
     def synchronize(self) -> None:
         torch.accelerator.synchronize(self.torch_device.index)
-
-
-class _SimEvent:
-    def __init__(self, ident: int) -> None:
-        self.ident = ident
-        self.recorded_at: Optional[Tuple[str, int]] = None  # (stream, op position) of the last record
-
-
-Op = Tuple[Any, ...]
-
-
-class SimulatedDevice(Device):
-    """A device that records what a GPU would be asked to do, for tests.
-
-    ``log[stream]`` is that stream's FIFO of operations, in submission order:
-    ``("launch", task, iter)``, ``("record", event_id)``, ``("wait", (stream, position))``
-    where the wait names the stream and op position the event was last recorded after
-    (``None`` if it was never recorded). Streams run like CPU lanes.
-    """
-
-    kind = "sim"
-    uses_events = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.log: Dict[str, List[Op]] = {}
-        self._log_lock = threading.Lock()
-        self._events = 0
-
-    def _append(self, stream: Any, op: Op) -> int:
-        with self._log_lock:
-            ops = self.log.setdefault(stream.name, [])
-            ops.append(op)
-            return len(ops) - 1
-
-    def launch(self, stream: Any, fn: TaskFn, ctx: Any, name: str) -> None:
-        with stream.lock:
-            fn(ctx)
-            self._append(stream, ("launch", name, ctx.iter_idx))
-
-    def new_event(self) -> Any:
-        with self._log_lock:
-            self._events += 1
-            return _SimEvent(self._events)
-
-    def record(self, event: Any, stream: Any) -> None:
-        with self._log_lock:
-            ops = self.log.setdefault(stream.name, [])
-            event.recorded_at = (stream.name, len(ops) - 1)
-            ops.append(("record", event.ident))
-
-    def wait(self, stream: Any, event: Any) -> None:
-        self._append(stream, ("wait", event.recorded_at))
-
-    def launches(self) -> Dict[Tuple[str, int], Tuple[str, int]]:
-        """(task, iter) -> (stream, position) of every launch."""
-        found = {}
-        for name, ops in self.log.items():
-            for pos, op in enumerate(ops):
-                if op[0] == "launch":
-                    found[(op[1], op[2])] = (name, pos)
-        return found
-
-    def happens_before(self, first: Tuple[str, int], then: Tuple[str, int]) -> bool:
-        """Whether a GPU must finish op ``first`` before it starts op ``then`` (both (stream, pos)).
-
-        True when ``first`` precedes ``then`` on one stream (FIFO), or when ``then``'s
-        stream waited, before ``then``, on an event recorded after an op that
-        happens-after ``first``.
-        """
-        seen: Set[Tuple[str, int]] = set()
-        frontier = [then]
-        while frontier:
-            stream, pos = frontier.pop()
-            if stream == first[0] and first[1] < pos:
-                return True
-            for p in range(pos - 1, -1, -1):
-                op = self.log[stream][p]
-                if op[0] == "wait" and op[1] is not None and op[1] not in seen:
-                    seen.add(op[1])
-                    src_stream, src_pos = op[1]
-                    if (src_stream, src_pos) == first:
-                        return True
-                    frontier.append((src_stream, src_pos + 1))
-        return False
 
 
 DeviceSpec = Union[None, int, str, torch.device, Device]

@@ -8,6 +8,8 @@ A unit ``(task, ctx, period)`` runs on its thread group's worker::
     launch(task, ctx)                   # fn(ctx) with the task's stream current, in its turns:
                                         #   on its stream, if several thread groups share it;
                                         #   in the sequencer, if it is globally ordered
+    keep_alive(written, consumers)      # tensors it left on ctx, for readers on other streams
+                                        #   (devices that track memory only, see lifetime.py)
     device.record(event, stream)        # only if a consumer is on another stream
     board.complete(task, i)             # sets the CPU signal
     after_complete(task, i)             # the engine's hook, if it has one
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from .annotations import profiler_active, run_annotated
 from .device import Device
+from .lifetime import keep_written
 from .plan import IterContext
 from .runtime import TaskRuntime
 
@@ -82,10 +85,15 @@ def make_unit_runner(board: "CompletionBoard", device: Device, launch: Callable[
                     wait_task(dep, i - 1, timeout, task.name, i)
                 if dep_events is not None:
                     device.wait(stream, dep_events[(i - 1) % slots])
+        keep = task.keep_for
+        if keep:
+            before = dict(vars(ctx))
         if task.turns is None and task.stream_turns is None:
             launch(task, ctx)
         else:
             in_turns(task, ctx, i)
+        if keep:
+            keep_written(device, vars(ctx), before, keep)
         if task.events is not None:
             device.record(task.events[i % slots], stream)
         complete(task.index, i)

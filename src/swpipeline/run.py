@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from . import shutdown
 from .device import Device
 from .errors import PipelineAborted, ProgressTimeoutError, add_note, annotate, stop_iteration_error
+from .modes import Modes
 from .plan import IterContext
 from .runtime import TaskRuntime, all_turns
 from .signals import CompletionBoard
@@ -43,9 +44,10 @@ class Run:
     """The state of one fill (see the module docstring)."""
 
     def __init__(self, tasks: List[TaskRuntime], device: Device, event_slots: int, *, progress_timeout: float,
-                 join_timeout: float) -> None:
+                 join_timeout: float, default_stream: Any) -> None:
         self.tasks = tasks  # bound to this run (its own device events)
         self.device = device
+        self.default_stream = default_stream  # the filling thread's stream: "default" tasks run on it
         self.event_slots = event_slots
         self.progress_timeout = progress_timeout
         self.join_timeout = join_timeout
@@ -67,6 +69,7 @@ class Run:
         self.peak_live_contexts = 0
         self.deferred: Optional[Tuple[int, Optional[Iterator[Any]]]] = None  # see progress(advance=False)
         self.policy: Any = None  # the engine's scheduling for this run (see base.Policy)
+        self.modes: Optional[Modes] = None  # the torch modes of the driving call handing out work (modes.py)
 
     @property
     def active(self) -> bool:
@@ -130,7 +133,7 @@ class Run:
             if self.error is not None:
                 raise self.error
         if self.device.uses_events:
-            default = self.device.default_stream()
+            default = self.default_stream
             slot = oldest % self.event_slots
             for task in self.tasks:
                 if task.waits_at_retire and task.events is not None:

@@ -25,7 +25,7 @@ class TaskRuntime:
 
     __slots__ = ("name", "index", "task", "stage", "group", "stream", "stream_label", "globally_ordered",
                  "shares_stream", "intra", "inter", "intra_deps", "inter_deps", "needs_events", "events",
-                 "waits_at_retire", "exec_fn", "turns", "stream_turns")
+                 "waits_at_retire", "exec_fn", "turns", "stream_turns", "consumers", "keep_for")
 
     def __init__(self, index: int, task: PipelineTask, stage: int, group: str, stream: Any,
                  stream_label: str, globally_ordered: bool) -> None:
@@ -44,12 +44,14 @@ class TaskRuntime:
         self.needs_events = False  # a consumer on another stream waits on it, or the caller does at retirement
         self.waits_at_retire = False  # a sink on a side stream: the caller's stream waits on it
         self.shares_stream = False  # its stream is used by several thread groups: units take turns on it
+        self.consumers: Tuple[int, ...] = ()  # every task that depends on it, directly or not (lifetime.py)
         # bound per run (bind_run): the same, with the producers' events of that run
         self.intra: List[DepRef] = []
         self.inter: List[DepRef] = []
         self.events: Optional[List[Any]] = None
         self.turns: Optional[Turns] = None  # the run's sequencer, if globally ordered
         self.stream_turns: Optional[Turns] = None  # the run's turns on its stream, if it shares the stream
+        self.keep_for: Tuple[Any, ...] = ()  # streams its context tensors are kept alive for (lifetime.py)
 
     def __repr__(self) -> str:
         return f"<task {self.name} stage={self.stage} group={self.group} stream={self.stream_label}>"
@@ -76,18 +78,51 @@ def build_tasks(plan: PipelinePlan, device: Device) -> List[TaskRuntime]:
         t.needs_events = device.uses_events and (t.name in cross_stream or t.waits_at_retire)
         t.intra_deps = [(by_name[d].index, by_name[d].stream != t.stream) for d in plan.intra[t.name]]
         t.inter_deps = [(by_name[d].index, by_name[d].stream != t.stream) for d in plan.inter[t.name]]
+    for t, reach in zip(tasks, _consumers(plan)):
+        t.consumers = tuple(by_name[name].index for name in reach)
     return tasks
 
 
-def bind_run(tasks: List[TaskRuntime], device: Device, event_slots: int) -> List[TaskRuntime]:
+def _consumers(plan: PipelinePlan) -> List[List[str]]:
+    """Per task (in plan order), the tasks that depend on it directly or through others, in either iteration."""
+    users: Dict[str, List[str]] = {name: [] for name in plan.task_names}
+    for task in plan.task_names:
+        for dep in plan.intra[task] + plan.inter[task]:
+            users[dep].append(task)
+    found = []
+    for name in plan.task_names:
+        seen: Dict[str, None] = {}
+        stack = list(users[name])
+        while stack:
+            user = stack.pop()
+            if user not in seen:
+                seen[user] = None
+                stack.extend(users[user])
+        found.append(list(seen))
+    return found
+
+
+def bind_run(tasks: List[TaskRuntime], device: Device, event_slots: int, default: Any) -> List[TaskRuntime]:
     """Copies of ``tasks`` for one run: each producer with ``event_slots`` fresh device events, and the
     run's own turns (one sequencer for the globally ordered tasks, one per stream shared by thread groups).
+
+    ``default`` is the run's default stream (the one current on the thread that filled
+    it): tasks on the device's default stream run on it. On a device that tracks memory,
+    each task learns the streams its context tensors are kept alive for (``keep_for``).
 
     With ``event_slots = depth + 1`` a slot is reused by iteration ``i + depth + 1`` at the
     earliest, which is only enqueued after iteration ``i + 1`` (the last possible consumer
     of ``i``) has retired.
     """
     bound = [copy.copy(t) for t in tasks]
+    device_default = device.default_stream()
+    for t in bound:
+        if t.stream is device_default:
+            t.stream = default
+    if device.tracks_memory:
+        for t in bound:
+            streams = [bound[c].stream for c in t.consumers] + ([default] if t.waits_at_retire else [])
+            t.keep_for = tuple({id(s): s for s in streams if s is not t.stream}.values())
     sequencer = Turns("the sequencer")
     on_stream: Dict[int, Turns] = {}
     for t in bound:

@@ -2,8 +2,10 @@
 
 A queue item is a *batch* of work units that the worker runs in order: the
 clock-driven engine puts one batch per thread group per period (one hand-off
-between threads per period, not per task); the data-flow engine puts one unit at
-a time. A unit is ``(task, ctx, seq, period)``.
+between threads per period, not per task); the data-flow engine puts what became
+ready. A unit is ``(task, ctx, period)``. An item also carries the torch modes of
+the call that handed it out (``modes.Modes``, None for a fresh thread's), which its
+units run under.
 
 Guarantees:
 
@@ -17,6 +19,7 @@ Guarantees:
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import queue
 import signal
@@ -24,6 +27,8 @@ import sys
 import threading
 import time
 from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple, Union
+
+from .modes import Modes
 
 __all__: List[str] = []
 
@@ -78,7 +83,32 @@ def _checkpoint() -> None:
     """Nothing; calling it lets the interpreter run pending signal handlers."""
 
 
-class Worker:
+class _UnitRunner:
+    """What both kinds of worker share: running a queue item's units, one at a time, in order."""
+
+    current: Optional[Unit]  # the unit being run (None between units)
+    _run_unit: Callable[..., None]
+    _report: Report
+    _is_aborted: Callable[[], bool]
+
+    def _run_units(self, units: Sequence[Unit]) -> bool:
+        """Run ``units`` in order; False if the worker must end (its run was aborted, or a unit failed)."""
+        run_unit, is_aborted = self._run_unit, self._is_aborted
+        for unit in units:
+            if is_aborted():
+                return False
+            self.current = unit
+            try:
+                run_unit(*unit)
+            except BaseException as exc:
+                self.current = None
+                self._report(exc, unit)
+                return False
+            self.current = None
+        return True
+
+
+class Worker(_UnitRunner):
     """A thread that runs the units put to it, in order, until stopped, aborted or failed."""
 
     def __init__(self, group: str, run_unit: Callable[..., None], report: Report, is_aborted: Callable[[], bool],
@@ -124,8 +154,8 @@ class Worker:
                 return
             time.sleep(0.0002)
 
-    def put(self, units: Sequence[Unit]) -> None:
-        self._queue.put(units)
+    def put(self, units: Sequence[Unit], modes: Optional[Modes] = None) -> None:
+        self._queue.put((modes, units))
 
     def stop(self) -> None:
         """Ask the thread to end once it is between units (it ends at once if it is waiting for work)."""
@@ -148,25 +178,23 @@ class Worker:
         except BaseException as exc:
             self._report(exc, None)
             return
-        get, run_unit, is_aborted = self._queue.get, self._run_unit, self._is_aborted
+        get, run_units = self._queue.get, self._run_units
         while True:
-            units = get()
-            if units is _STOP:
+            item = get()
+            if item is _STOP:
                 return
-            for unit in units:
-                if is_aborted():
+            modes, units = item
+            if modes is None:
+                if not run_units(units):
                     return
-                self.current = unit
-                try:
-                    run_unit(*unit)
-                except BaseException as exc:
-                    self.current = None
-                    self._report(exc, unit)
+                continue
+            with modes.applied():
+                if not run_units(units):
                     return
-                self.current = None
 
 
-class InlineWorker:
+
+class InlineWorker(_UnitRunner):
     """A thread group whose units run on the thread that calls ``progress()``, not on a worker thread.
 
     Units queue up as for a ``Worker``; ``run_queued()`` runs them in order, stopping at
@@ -178,30 +206,24 @@ class InlineWorker:
         self.group = group
         self.current: Optional[Unit] = None
         self.thread: Optional[threading.Thread] = None
-        self._queue: Deque[Sequence[Unit]] = collections.deque()
+        self._queue: Deque[Tuple[Optional[Modes], Sequence[Unit]]] = collections.deque()
         self._run_unit = run_unit
         self._report = report
         self._is_aborted = is_aborted
 
-    def put(self, units: Sequence[Unit]) -> None:
-        self._queue.append(units)
+    def put(self, units: Sequence[Unit], modes: Optional[Modes] = None) -> None:
+        self._queue.append((modes, units))
 
     def run_queued(self) -> None:
+        """Run what was queued, in order, each item under the modes of the call that handed it out."""
         pending = self._queue
         while pending:
-            for unit in pending.popleft():
-                if self._is_aborted():
+            modes, units = pending.popleft()
+            with modes.applied() if modes is not None else contextlib.nullcontext():
+                if not self._run_units(units):
                     pending.clear()
                     return
-                self.current = unit
-                try:
-                    self._run_unit(*unit)
-                except BaseException as exc:
-                    self.current = None
-                    pending.clear()
-                    self._report(exc, unit)
-                    return
-                self.current = None
+
 
     def stop(self) -> None:
         self._queue.clear()

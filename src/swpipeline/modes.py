@@ -1,0 +1,72 @@
+"""The caller's thread-local torch modes, carried to the threads that run its work.
+
+Grad mode, inference mode and autocast are per thread in PyTorch, and a worker
+thread starts with the defaults (grad on, no inference mode, no autocast). So a
+pipeline captures the caller's modes each time it hands out work (``fill_pipeline``,
+``progress``, ``advance``) and every thread runs that work under them, exactly as
+the caller's own thread would (``run_serial``):
+
+* carried: ``torch.is_grad_enabled()`` (``no_grad``, ``enable_grad``,
+  ``set_grad_enabled``), ``torch.is_inference_mode_enabled()`` (``inference_mode``),
+  and autocast per device type (enabled, dtype, weight-cache setting) for the CPU and
+  the pipeline's accelerator;
+* not carried: the current stream (each task runs on its own), ``TorchFunctionMode``
+  and dispatch modes and what is built on them (``with torch.device(...)`` as a
+  default device, ``FlopCounterMode``, fake tensors), and process-wide settings that
+  need no carrying (``set_default_dtype``, RNG state, ``torch.backends`` flags).
+
+The common case, a caller at the defaults, is recognised when captured (``None``)
+and costs the workers nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tuple
+
+import torch
+
+__all__: List[str] = []
+
+_any_autocast: Callable[[], bool] = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+Autocast = Tuple[str, torch.dtype]  # (device type, dtype) of an enabled autocast
+
+
+@dataclass(frozen=True)
+class Modes:
+    """A snapshot of the thread-local modes that differ from a fresh thread's."""
+
+    grad: bool
+    inference: bool
+    autocast: Tuple[Autocast, ...]
+    autocast_cache: bool
+
+    @classmethod
+    def capture(cls, device_types: Sequence[str]) -> Optional["Modes"]:
+        """The calling thread's modes, or None when they are a fresh thread's (nothing to carry)."""
+        grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+        autocast: Tuple[Autocast, ...] = ()
+        if _any_autocast():
+            autocast = tuple((kind, torch.get_autocast_dtype(kind)) for kind in device_types
+                             if torch.is_autocast_enabled(kind))
+        if grad and not inference and not autocast:
+            return None
+        return cls(grad, inference, autocast, torch.is_autocast_cache_enabled())
+
+    def applied(self) -> ContextManager[Any]:
+        """A with-block that sets these modes on the calling thread (and restores the thread's own after)."""
+        stack = contextlib.ExitStack()
+        if self.inference:
+            stack.enter_context(torch.inference_mode())
+        else:
+            stack.enter_context(torch.set_grad_enabled(self.grad))
+        for kind, dtype in self.autocast:
+            stack.enter_context(torch.autocast(kind, dtype=dtype, cache_enabled=self.autocast_cache))
+        return stack
+
+
+def device_types(kind: str) -> Tuple[str, ...]:
+    """The autocast device types worth capturing for a pipeline on a device of type ``kind``."""
+    return ("cpu",) if kind == "cpu" else ("cpu", kind)
