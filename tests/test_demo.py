@@ -131,6 +131,15 @@ def test_gpu_protocol_orders_every_dependency_on_a_simulated_device() -> None:
     assert len(job.losses) == 4
 
 
+def test_the_demo_is_free_of_gpu_hazards_with_streams_behind_the_host() -> None:
+    """No unordered access, no memory reused under a pending reader: without one record_stream in the demo."""
+    device = SimulatedDevice(behind_host=True)
+    job = demo.TrainingJob(TINY, device)
+    job.pipe.run([demo.make_raw_batch(TINY, k) for k in range(6)])
+    assert len(job.losses) == 6
+    assert device.hazards == []
+
+
 def test_run_demo_exits_1_and_says_where_losses_differ(monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     real_timed_run = demo.timed_run

@@ -251,13 +251,7 @@ class TrainingJob:
 
     def forward(self, ctx: TrainingContext) -> None:
         """Forward: the batch's loss."""
-        batch = ctx.on_device
-        if self.torch_device.type != "cpu":
-            # The copy stream allocated these tensors; the caching allocator must not hand their
-            # memory back to it before this (default) stream is done with them.
-            stream = torch.accelerator.current_stream(self.torch_device)
-            for tensor in batch.tensors():
-                tensor.record_stream(stream)
+        batch = ctx.on_device  # made on the copy stream: the engine keeps it alive for this one
         ctx.loss = self.loss_fn(self.model(batch), batch.labels)
 
     def backward(self, ctx: TrainingContext) -> None:
