@@ -132,12 +132,16 @@ def test_sigint_at_random_moments_always_surfaces_and_leaves_nothing_behind(make
 
     ways = [lambda: pipe.run(batches(25, rng)), step_loop_with_block, step_loop_then_drain]
     outcomes: collections.Counter[str] = collections.Counter()
-    for trial in range(300):
+    # Until 200 interrupts landed inside a run (a signal the interrupter thread sends after the run ended,
+    # because a busy machine woke it late, counts as "finished"; so the number of trials varies, bounded).
+    for trial in range(900):
         delay = 0.0 if trial % 10 == 0 else rng.uniform(0.0, typical)
         stopped = interrupted(ways[trial % 3], delay, log)
         outcomes["interrupted" if stopped else "finished"] += 1
         assert swp_threads() == [], f"trial {trial}: threads left behind"
-    assert outcomes["interrupted"] >= 200, outcomes
+        if outcomes["interrupted"] == 200:
+            break
+    assert outcomes["interrupted"] == 200, outcomes
     log.events.clear()
     assert drive(pipe, range(12)) == list(range(12))  # still works, every dependency held
     assert check_dependencies(log, plan, 12) == 12 * 8 + 11
