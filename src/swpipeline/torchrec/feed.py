@@ -39,7 +39,11 @@ class RankAgreement:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("stop_together needs torch.distributed to be initialized "
                                "(call torch.distributed.init_process_group first)")
-        self.group = group if group is not None else dist.new_group(backend="gloo")
+        if group is None:
+            group = dist.new_group(backend="gloo")
+            if not isinstance(group, dist.ProcessGroup):  # new_group() says so with a sentinel
+                raise RuntimeError("stop_together: this rank is not a member of the new process group")
+        self.group: dist.ProcessGroup = group
         self.rounds = 0
 
     def all_have(self, have: bool) -> bool:
