@@ -283,6 +283,24 @@ def test_duplicate_name_from_two_task_objects_in_pairs() -> None:
         PipelinePlan([(PipelineTask("A", fn_a), S0), (PipelineTask("A", fn_b), S1)])
 
 
+def test_two_different_tasks_with_one_name_in_the_dict_form_are_refused() -> None:
+    # Python merges the two keys before the plan sees the dict: A's first object with the second's schedule.
+    schedule = {PipelineTask("A", fn_a): S0, PipelineTask("A", fn_b): S1}
+    assert len(schedule) == 1
+    with pytest.raises(ValueError) as refused:
+        PipelinePlan(schedule)
+    assert str(refused.value) == (
+        "schedule: two different tasks are named 'A' (functions fn_a and fn_b); tasks compare by name, so as "
+        "keys of one dict they count as one, and the dict kept one task with the other's schedule. Give each "
+        "task its own name")
+
+
+def test_one_task_or_an_identical_twin_twice_in_the_dict_form_is_one_task() -> None:
+    a = PipelineTask("A", fn_a)
+    assert PipelinePlan({a: S0, PipelineTask("A", fn_a): S1}).schedules == {"A": S1}  # same function: harmless
+    assert PipelinePlan({a: S0}).tasks == [a]
+
+
 def test_duplicate_name_in_a_sequence_of_pairs() -> None:
     with pytest.raises(ValueError, match=r"schedule: duplicate task name 'B'"):
         PipelinePlan([("A", S0), ("B", S0), ("B", S1)])

@@ -99,7 +99,10 @@ class DeclaredIO:
 class PipelineTask:
     """One schedulable unit of work: a name, a function of the IterContext, its side effects.
 
-    Tasks hash and compare by name, so they can key ``PipelinePlan.schedule``.
+    Tasks hash and compare by name, so they can key ``PipelinePlan.schedule``. Two
+    different tasks with one name are a mistake a dict cannot report (it keeps one key
+    and the last value), so a task remembers any namesake with another function or io
+    it was compared with, and ``PipelinePlan`` refuses a task that has one.
     """
 
     name: str
@@ -123,11 +126,29 @@ class PipelineTask:
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PipelineTask):
-            return self.name == other.name
+            same = self.name == other.name
+            if same and other is not self and (other.fn is not self.fn or other.io != self.io):
+                self.__dict__.setdefault("_namesakes", []).append(other)
+                other.__dict__.setdefault("_namesakes", []).append(self)
+            return same
         return NotImplemented
 
     def __repr__(self) -> str:
         return f"PipelineTask({self.name!r})"
+
+
+def _refuse_namesakes(task: PipelineTask) -> None:
+    twins = task.__dict__.get("_namesakes", [])
+    if twins:
+        other = twins[0]
+        raise ValueError(
+            f"schedule: two different tasks are named {task.name!r} (functions {_describe(task.fn)} and "
+            f"{_describe(other.fn)}); tasks compare by name, so as keys of one dict they count as one, and the dict "
+            f"kept one task with the other's schedule. Give each task its own name")
+
+
+def _describe(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
 
 
 @dataclass(frozen=True)
@@ -280,6 +301,7 @@ class PipelinePlan:
                 task = NamedOnlyTask(key)
             elif isinstance(key, PipelineTask):
                 task = key
+                _refuse_namesakes(task)
             else:
                 raise TypeError(
                     f"schedule: keys must be PipelineTask objects or names, got {type(key).__name__} {key!r}"
