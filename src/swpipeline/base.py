@@ -25,7 +25,6 @@ import functools
 import math
 import threading
 import time
-import weakref
 from typing import Any, Callable, Iterable, Iterator, List, NoReturn, Optional, Protocol
 
 import torch
@@ -112,8 +111,6 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
         self._stragglers = Stragglers()  # threads of ended runs that were still in a task
         self._seat = DriverSeat()
         self._nvtx = False
-        self._slot = shutdown.RunSlot()
-        weakref.finalize(self, self._slot.release)
         Tracing.__init__(self)
 
     # -- the run's life cycle ------------------------------------------------------------------
@@ -126,7 +123,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
         default = self._caller_stream()
         run = Run(bind_run(self._tasks, self.device, self._event_slots, default), self.device, self._event_slots,
                   progress_timeout=self.progress_timeout, join_timeout=self.join_timeout, default_stream=default)
-        self._run = self._slot.run = run
+        self._run = run
         shutdown.track(run)
         try:
             labels = {t.index: self._shortcuts.label(t.name) for t in self._tasks}
@@ -145,6 +142,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
                 return functools.partial(_enter_worker_thread, torch_threads, device, worker_init, group)
 
             run.start_workers(self._groups, run_unit, enter, self._caller_group)
+            run.watch(self)
             run.modes = Modes.capture(self._mode_types)
             policy.fill(data_iter)
         except BaseException as exc:
@@ -183,7 +181,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
 
     def _discard_run(self) -> None:
         """Forget the (stopped) run: the pipeline is idle again."""
-        self._run = self._slot.run = None
+        self._run = None
 
     def _active_run(self) -> Optional[Run]:
         run = self._run

@@ -89,6 +89,12 @@ class Run:
             self.workers[group] = worker  # registered before it starts, so that stop() always sees it
             worker.start()
 
+    def watch(self, owner: object) -> None:
+        """Abandon this run when ``owner`` (its pipeline) is garbage-collected (see ``Worker.watch``)."""
+        for worker in self.workers.values():
+            if isinstance(worker, Worker):
+                worker.watch(owner, self.abandon_nowait)
+
     def task_running_on(self, thread_ident: int) -> Optional[Unit]:
         """The unit a worker of this run is running on that thread (the caller's, for the inline group)."""
         for worker in list(self.workers.values()):
@@ -238,7 +244,7 @@ class Run:
         return any(isinstance(w, Worker) and w.alive for w in list(self.workers.values()))
 
     def abandon_nowait(self) -> None:
-        """Abandon without joining (for finalizers): wake everyone, ask every worker to end."""
+        """Abandon without joining (the pipeline is gone): wake everyone, ask every worker to end."""
         with self.lock:
             if self.state == RUNNING:
                 self.state = ABANDONED

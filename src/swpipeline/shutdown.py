@@ -11,9 +11,9 @@ does for its executors:
   ``EXIT_JOIN_S``). Runs are registered while they run and leave the registry when they
   stop: no weakref callback is involved, because Python code run while an object is
   freed swallows a Ctrl-C that lands in it ("Exception ignored in ...");
-* a pipeline's finalizer (``weakref.finalize``) abandons its run when the pipeline is
-  collected. It only wakes the workers and asks them to end, without joining: it may
-  run on any thread, even one of those workers.
+* a pipeline that is garbage-collected has its run abandoned by its own workers, which
+  hold a weak reference to it whose callback only queues a note for them (see
+  ``worker.Worker.watch``): nothing is joined, and no Python code runs in the collector.
 
 Worker threads reference their run, never the pipeline, so a pipeline nobody refers
 to can be collected while its workers wait for work.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import atexit
 import threading
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List
 
 if TYPE_CHECKING:
     from .run import Run
@@ -57,19 +57,6 @@ def _stop_all_at_exit() -> None:
                 run.stop(ABANDONED)
             except Exception:  # nothing may stop the interpreter from exiting
                 pass
-
-
-class RunSlot:
-    """The pipeline's current run, as seen by the pipeline's finalizer (which must not hold the pipeline)."""
-
-    def __init__(self) -> None:
-        self.run: Optional["Run"] = None
-
-    def release(self) -> None:
-        """Abandon the run without joining: wake every worker and ask it to end."""
-        run = self.run
-        if run is not None and run.active:
-            run.abandon_nowait()
 
 
 _register = getattr(threading, "_register_atexit", None)

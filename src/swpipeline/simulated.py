@@ -24,6 +24,11 @@ reports, in ``hazards``:
 
 Storages created outside any launch (the batch, model weights) count as host memory:
 their accesses are ordered, their lifetime is the caller's business.
+
+Frees are noticed without callbacks (a Ctrl-C landing in Python code run by the
+garbage collector would be lost): each storage is held by a plain weak reference, and
+the dead ones are processed before the device's next operation, and when ``hazards``
+is read. Nothing of the model changes between operations, so this is exact.
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ class _Use:
 class _Block:
     """One tensor storage the device has seen."""
 
+    storage: "weakref.ReferenceType[Any]"  # the storage, while it lives
     origin: str  # "allocated by Task(i3) on stream 's'", or "host memory"
     stream: Optional[str]  # the allocating stream; None for host memory
     last_use: Dict[str, _Use] = field(default_factory=dict)  # per stream: its latest use
@@ -104,7 +110,7 @@ class SimulatedDevice(Device):
         self.behind_host = behind_host
         self.tracks_memory = behind_host
         self.log: Dict[str, List[Op]] = {}
-        self.hazards: List[str] = []
+        self._hazards: List[str] = []
         self._lock = threading.RLock()
         self._events = 0
         self._blocks: Dict[int, _Block] = {}  # storage data pointer -> block, while the storage lives
@@ -141,7 +147,14 @@ class SimulatedDevice(Device):
 
     # -- execution and events ----------------------------------------------------------------------
 
+    @property
+    def hazards(self) -> List[str]:
+        """What would go wrong on a GPU, in the order it was found (``behind_host`` only)."""
+        self._sweep()
+        return self._hazards
+
     def launch(self, stream: Any, fn: TaskFn, ctx: Any, name: str) -> None:
+        self._sweep()
         unit = f"{name}(i{ctx.iter_idx})"
         previous = getattr(self._current, "stream", None)
         self._current.stream = stream
@@ -162,31 +175,34 @@ class SimulatedDevice(Device):
             return _SimEvent(self._events)
 
     def record(self, event: Any, stream: Any) -> None:
+        self._sweep()
         with self._lock:
             ops = self.log.setdefault(stream.name, [])
             event.recorded_at = (stream.name, len(ops) - 1)
             ops.append(("record", event.ident))
 
     def wait(self, stream: Any, event: Any) -> None:
+        self._sweep()
         if event.recorded_at is None and self.behind_host:
             self.hazard(f"stream {stream.name!r} waits on event #{event.ident}, which was never recorded")
         self._append(stream, ("wait", event.recorded_at))
 
     def synchronize(self) -> None:
+        self._sweep()  # what was freed before now was freed before the streams caught up
         with self._lock:
             self._synced = {name: len(ops) for name, ops in self.log.items()}
 
     def keep_alive(self, tensor: torch.Tensor, stream: Any) -> None:
         """Keep ``tensor``'s storage from reuse until ``stream``'s work submitted so far is done."""
-        key = _storage_key(tensor)
-        block = self._blocks.get(key) if key is not None else None
+        self._sweep()
+        block = self._block_of(tensor)
         if block is not None:
             with self._lock:
                 block.kept_for.add(stream.name)
 
     def hazard(self, text: str) -> None:
         with self._lock:
-            self.hazards.append(text)
+            self._hazards.append(text)
 
     def _append(self, stream: Any, op: Op) -> int:
         with self._lock:
@@ -231,17 +247,23 @@ class SimulatedDevice(Device):
 
     # -- memory (behind_host) --------------------------------------------------------------------------
 
+    def _block_of(self, tensor: torch.Tensor) -> Optional[_Block]:
+        """The live block of ``tensor``'s storage, if the device has seen it."""
+        key = _storage_key(tensor)
+        block = self._blocks.get(key) if key is not None else None
+        return block if block is not None and block.storage() is tensor.untyped_storage() else None
+
     def _touch(self, tensor: torch.Tensor, where: Where, unit: str, write: bool, new: bool) -> None:
         key = _storage_key(tensor)
         if key is None:
             return
         with self._lock:
-            block = self._blocks.get(key)
+            block = self._block_of(tensor)
             if block is None:
+                self._sweep()  # a dead storage may have left this address
                 stream = where[0] if new else None
                 origin = f"a storage allocated by {unit} on stream {stream!r}" if new else "a host storage"
-                block = self._blocks[key] = _Block(origin, stream)
-                weakref.finalize(tensor.untyped_storage(), self._freed, key, block)
+                block = self._blocks[key] = _Block(weakref.ref(tensor.untyped_storage()), origin, stream)
             use = _Use(where, unit, write)
             self._check_order(block, use)
             block.last_use[where[0]] = use
@@ -258,17 +280,23 @@ class SimulatedDevice(Device):
                             f"{prior.unit} on stream {prior.where[0]!r} {'wrote' if prior.write else 'read'}, "
                             f"without waiting for it")
 
-    def _freed(self, key: int, block: _Block) -> None:
-        """A storage died (on any thread): would its block be reused under another stream's pending work?"""
+    def _sweep(self) -> None:
+        """Process the storages that died since the last operation (see the module docstring)."""
         with self._lock:
-            if self._blocks.get(key) is block:
+            dead = [(key, block) for key, block in self._blocks.items() if block.storage() is None]
+            for key, block in dead:
                 del self._blocks[key]
+                self._freed(block)
+
+    def _freed(self, block: _Block) -> None:
+        """A storage died: would its block be reused under another stream's pending work?"""
+        with self._lock:
             if block.stream is None:
                 return
             for stream, use in block.last_use.items():
                 finished = self._synced.get(stream, 0) > use.where[1]
                 if stream != block.stream and not finished and stream not in block.kept_for:
-                    self.hazards.append(
+                    self._hazards.append(
                         f"use after reuse: {block.origin} was freed while {use.unit} on stream {stream!r} may "
                         f"still use it; nothing keeps it for stream {stream!r} (record_stream), so stream "
                         f"{block.stream!r} may reuse the memory under it")

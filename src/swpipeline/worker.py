@@ -13,7 +13,12 @@ Guarantees:
   set-up) is handed to ``report``, which cannot fail, and the worker then stops;
 * after its run is aborted a worker starts no further unit: it checks before each;
 * ``current`` is the unit it is running (None between units), so that a straggler
-  can be named and a task that drives its own pipeline can be recognised.
+  can be named and a task that drives its own pipeline can be recognised;
+* when the pipeline it works for is garbage-collected, the worker ends its run and
+  itself (``watch``). No Python code runs in the collector for it: the weak
+  reference's callback is the queue's own (C) ``put``, which hands the worker the dead
+  reference. A Ctrl-C can be lost in Python code run during a collection ("Exception
+  ignored in ..."); this way there is none of ours.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple, Union
 
 from .modes import Modes
@@ -83,6 +89,10 @@ def _checkpoint() -> None:
     """Nothing; calling it lets the interpreter run pending signal handlers."""
 
 
+def _nothing() -> None:
+    """Nothing."""
+
+
 class _UnitRunner:
     """What both kinds of worker share: running a queue item's units, one at a time, in order."""
 
@@ -121,6 +131,8 @@ class Worker(_UnitRunner):
         self._is_aborted = is_aborted
         self._enter_thread = enter_thread
         self._launched = False
+        self._orphaned: Callable[[], None] = _nothing
+        self._owner: Optional["weakref.ReferenceType[Any]"] = None
         self._finished = threading.Event()  # set by the thread itself, as the last thing it does
         self.thread = threading.Thread(target=self._loop, name=f"swp-{group}", daemon=True)
         # CPython keeps every Thread in a WeakSet whose callback runs when the Thread is freed, often on the
@@ -157,6 +169,11 @@ class Worker(_UnitRunner):
     def put(self, units: Sequence[Unit], modes: Optional[Modes] = None) -> None:
         self._queue.put((modes, units))
 
+    def watch(self, owner: object, orphaned: Callable[[], None]) -> None:
+        """When ``owner`` is garbage-collected, call ``orphaned()`` on this thread and end (see the module docstring)."""
+        self._orphaned = orphaned
+        self._owner = weakref.ref(owner, self._queue.put)
+
     def stop(self) -> None:
         """Ask the thread to end once it is between units (it ends at once if it is waiting for work)."""
         self._queue.put(_STOP)
@@ -182,6 +199,9 @@ class Worker(_UnitRunner):
         while True:
             item = get()
             if item is _STOP:
+                return
+            if type(item) is weakref.ReferenceType:  # the pipeline was collected (see watch)
+                self._orphaned()
                 return
             modes, units = item
             if modes is None:
