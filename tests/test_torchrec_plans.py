@@ -94,7 +94,8 @@ def test_plan_equals_seed_001_except_the_documented_deviations(name: str) -> Non
         assert _rows(ours) == _rows(seed)
     if name in SAME_AS_SEED + WAIT_AFTER_FORWARD:
         extra = [("InputDistWait", "WaitBatch")] if name in WAIT_AFTER_FORWARD else []
-        assert _deps(ours, "intra") == _deps(seed, "intra")
+        copy_wait = [("WaitBatch", "H2D")] if name == "FusedSparseDist" else []  # found by analyze()
+        assert _deps(ours, "intra") == sorted(_deps(seed, "intra") + copy_wait)
         assert _deps(ours, "inter") == sorted(_deps(seed, "inter") + extra)
     elif name == "SemiSync":  # the stages order EmbLookup against the update: no inter-iteration pair
         assert _deps(ours, "intra") == _deps(seed, "intra")

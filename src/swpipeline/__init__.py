@@ -3,6 +3,11 @@
 The whole public API is imported here; everything else is internal.
 """
 
+from .analysis.inference import infer_deps as infer_deps
+from .analysis.races import RaceChecker as RaceChecker
+from .analysis.races import RaceError as RaceError
+from .analysis.report import PlanAnalysis as PlanAnalysis
+from .analysis.report import analyze as analyze
 from .clocked import SWPipeline as SWPipeline
 from .dataflow import DataFlowPipeline as DataFlowPipeline
 from .device import CPUDevice as CPUDevice
@@ -29,6 +34,11 @@ from .timeline import Timeline as Timeline
 __version__ = "0.1.0"
 
 __all__ = [
+    "PlanAnalysis",
+    "RaceChecker",
+    "RaceError",
+    "analyze",
+    "infer_deps",
     "CPUDevice",
     "DataFlowPipeline",
     "DeclaredIO",

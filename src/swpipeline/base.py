@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Iterator, List, NoReturn, Optional, 
 import torch
 
 from . import ordering, shutdown
+from .analysis.races import RaceChecker
 from .annotations import resolve_emit_nvtx
 from .device import Device, DeviceSpec, resolve_device
 from .driving import DriverSeat, UnitOn, driving
@@ -84,9 +85,11 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
 
     def __init__(self, plan: PipelinePlan, num_slots: int, device: DeviceSpec = None, *,
                  signal_timeout: float = 30.0, progress_timeout: float = 60.0, join_timeout: float = 10.0,
-                 worker_init: Optional[Callable[[str], None]] = None) -> None:
+                 worker_init: Optional[Callable[[str], None]] = None, check_races: bool = False) -> None:
         if not isinstance(plan, PipelinePlan):
             raise TypeError(f"plan must be a PipelinePlan, got {type(plan).__name__}")
+        if not isinstance(check_races, bool):
+            raise TypeError(f"check_races must be True or False, got {check_races!r}")
         self.signal_timeout = _seconds("signal_timeout", signal_timeout)
         self.progress_timeout = _seconds("progress_timeout", progress_timeout)
         self.join_timeout = _seconds("join_timeout", join_timeout)
@@ -105,6 +108,8 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
         self._serial_order = [self._by_name[n] for n in ordering.serial_order(plan)]
         self._groups = list(dict.fromkeys(t.group for t in self._tasks))
         self._shortcuts = ShortcutTable(plan.tasks)
+        self._race_checker = RaceChecker(plan) if check_races else None
+        self._refresh_executors()
         self._caller_group: Optional[str] = None  # a thread group run by the caller of progress()
         self._run: Optional[Run] = None  # the current fill (None: idle)
         self._peak_live_contexts = 0

@@ -126,6 +126,10 @@ class SWPipeline(_PipelineBase):
             later ``fill_pipeline()`` refuses to start until it has.
         worker_init: called as ``worker_init(thread_group)`` at the start of each worker thread
             (e.g. to pin a compute thread to a core); an exception fails the pipeline.
+        check_races: check every context access of every task against the plan's declared
+            dependencies while it runs, and raise ``RaceError`` naming both tasks, the attribute
+            and the iterations for two conflicting accesses the dependencies do not order (a
+            few microseconds per access; see ``RaceChecker``).
         caller_thread_group: a thread group whose tasks run on the thread that calls
             ``progress()`` (each call first runs what was queued for it) instead of on a worker
             thread: no hand-off at all for that group. The order and deadlock argument are the
@@ -138,12 +142,13 @@ class SWPipeline(_PipelineBase):
     def __init__(self, plan: PipelinePlan, device: DeviceSpec = None, *, signal_timeout: float = 30.0,
                  progress_timeout: float = 60.0, join_timeout: float = 10.0,
                  worker_init: Optional[Callable[[str], None]] = None,
-                 caller_thread_group: Optional[str] = None) -> None:
+                 caller_thread_group: Optional[str] = None, check_races: bool = False) -> None:
         if not isinstance(plan, PipelinePlan):
             raise TypeError(f"plan must be a PipelinePlan, got {type(plan).__name__}")
         self.depth: int = plan.depth
         super().__init__(plan, self.depth, device, signal_timeout=signal_timeout,
-                         progress_timeout=progress_timeout, join_timeout=join_timeout, worker_init=worker_init)
+                         progress_timeout=progress_timeout, join_timeout=join_timeout, worker_init=worker_init,
+                         check_races=check_races)
         if caller_thread_group is not None and caller_thread_group not in self._groups:
             raise ValueError(f"caller_thread_group={caller_thread_group!r} is not a thread group of the plan "
                              f"(its groups: {self._groups})")

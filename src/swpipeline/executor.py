@@ -23,7 +23,7 @@ branch anywhere.
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 from .annotations import profiler_active, run_annotated
 from .device import Device

@@ -26,13 +26,16 @@ from __future__ import annotations
 
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
 
 from .plan import IterContext, PipelineTask
 from .scoped import Scoped
 from .snapshot import Cached, Restorer, Snapshot, Unreplayable
+
+if TYPE_CHECKING:
+    from .analysis.races import RaceChecker
 
 __all__: List[str] = []
 
@@ -258,6 +261,7 @@ class ShortcutSettings:
 
     _shortcuts: ShortcutTable
     _tasks: List[Any]  # the pipeline's TaskRuntimes: each launches its ``exec_fn``
+    _race_checker: Optional["RaceChecker"]  # check_races=True: every task's context accesses are checked
 
     def _active_run(self) -> Any:
         raise NotImplementedError
@@ -303,8 +307,11 @@ class ShortcutSettings:
         self._refresh_executors()
 
     def _refresh_executors(self) -> None:
+        """Each task's function to launch: its own, or its shortcut executor; checked for races if asked."""
+        checker = self._race_checker
         for task in self._tasks:
-            task.exec_fn = self._shortcuts.executor(task.task)
+            fn = self._shortcuts.executor(task.task)
+            task.exec_fn = fn if checker is None else checker.wrap(task.task, fn)
 
     def _require_idle(self, what: str) -> None:
         if self._active_run() is not None:

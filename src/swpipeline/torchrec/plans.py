@@ -23,6 +23,10 @@ would otherwise not run TorchRec's steps in TorchRec's order
   ``WaitBatch(i-1)``, an ordering pair that puts InputDistWait(i+1) right after
   Forward(i) as in TorchRec; without it the ready-first order puts it before
   Forward(i), where its wait for the splits cannot overlap anything.
+* FusedSparseDist: ``WaitBatch(i)`` after ``H2D(i)``. WaitBatch reads the batch
+  copied on the memcpy stream (TorchRec's step waits for that stream there); no other
+  chain orders it after the copy, which would race with ``H2D`` on a thread group of
+  its own, and on an accelerator wait for no event.
 * ``enqueue_batch_after_forward``: H2D(i) then runs after Forward(i-1), so it
   moves to stage 1 (the engine's dependencies reach one iteration back; TorchRec
   copies batch i+2 after forward i, two back).
@@ -133,7 +137,7 @@ FUSED_SPARSE_DIST = PlanSpec(
            ("ZeroGrad", 2, None, False), ("WaitBatch", 2, None, False), ("Forward", 2, None, False),
            ("Backward", 2, None, False), ("OptimizerStep", 2, None, False)),
     intra=(("InputDistStart", "H2D"), ("InputDistWait", "InputDistStart"), ("EmbLookup", "InputDistWait"),
-           ("Forward", "EmbLookup"), ("WaitBatch", "ZeroGrad")) + _STEP,
+           ("Forward", "EmbLookup"), ("WaitBatch", "H2D"), ("WaitBatch", "ZeroGrad")) + _STEP,
     inter=(("EmbLookup", "Backward"), ("Forward", "OptimizerStep")) + _WAIT_AFTER_FORWARD,
 )
 

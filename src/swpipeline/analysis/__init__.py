@@ -1,0 +1,15 @@
+"""Checking a plan against what its tasks touch: analysis, inferred dependencies, run-time race checks.
+
+* ``access.py``: what a task reads, writes and deletes (context attributes, and state
+  outside the context, found through torch);
+* ``naming.py``: module-path names for parameters, gradients and optimizer state;
+* ``report.py``: ``analyze`` and ``PlanAnalysis``, the conflicts a plan leaves unordered;
+* ``inference.py``: ``infer_deps``, a schedule's dependencies from what its tasks touch;
+* ``races.py``: ``RaceChecker``, conflicting context accesses caught while a pipeline runs.
+
+The public names are exported by the ``swpipeline`` package.
+"""
+
+from typing import List
+
+__all__: List[str] = []

@@ -1,0 +1,302 @@
+"""What a task touches: context attributes, and state outside the context found through torch itself.
+
+``record_iteration`` runs one iteration's tasks in a given order on the caller's thread
+and returns, per task, the names it read, wrote and deleted:
+
+* ``ctx.<attr>``: context attributes, seen through a recording view of the context (the
+  one task shortcut uses); ``ctx.batch`` and ``ctx.iter_idx`` belong to the engine and
+  never change, so they are left out;
+* state outside the context, seen through torch: a ``TorchDispatchMode`` notes every
+  tensor an operator reads and every tensor its schema says it mutates (a view, which
+  touches no data, is not a read); a ``TorchFunctionMode`` notes reads and assignments
+  of ``.grad``; version counters and the identity of every named tensor, compared
+  before and after the task, catch writes no operator reported (``p.grad = None``).
+  A tensor is state if it has a name, or if it existed before the iteration began and
+  the batch does not hold it;
+* ``<Task>.io[k]``: the state behind a ``DeclaredIO``, written by every task that declares
+  it and by any task during which its ``capture()`` value changes; tensors that
+  ``capture()`` returns are named after it, so reading them reads it.
+
+Names come from walking the task functions (bound ``self``, closure variables, the
+globals they use, attributes): a parameter reads ``model.dense.0.weight``, its gradient
+``model.dense.0.weight.grad``, an optimizer's state
+``optimizer.state[model.dense.0.weight].exp_avg``. Any other tensor is
+``tensor float32[16, 8] #k``, numbered in the order of first access.
+
+Not seen: Python state other than the context and ``DeclaredIO`` (lists, counters,
+attributes of plain objects), and tensors that native code writes behind both the
+dispatcher and the version counter. State created lazily during the recorded
+iteration (optimizer state, ``.grad``) is seen when it has a name.
+"""
+
+from __future__ import annotations
+
+import gc
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..plan import DeclaredIO, IterContext, PipelineTask
+from ..shortcut import _Journal, _RecordingView
+from .naming import MAX_DEPTH, describe, find_roots, named_slots, storage_key, walk_tensors
+
+__all__: List[str] = []
+
+READ, WRITE, DELETE = "read", "write", "delete"
+ENGINE_FIELDS = frozenset({"batch", "iter_idx"})
+Note = Callable[[str, str], None]  # (kind, attribute name)
+
+
+# -- the context ---------------------------------------------------------------------------------------
+
+
+class _NotingJournal(_Journal):
+    """A recording journal that hands every context access to ``note(kind, name)`` as it happens."""
+
+    def __init__(self, target: IterContext, note: Note) -> None:  # noqa: the journal's own records are not kept
+        self.target = target
+        self._note = note
+
+    def read(self, name: str) -> None:
+        if name not in ENGINE_FIELDS:
+            self._note(READ, name)
+
+    def touch(self, name: str) -> None:
+        return None
+
+    def write(self, name: str, value: Any) -> None:
+        self._note(WRITE, name)
+
+    def delete(self, name: str) -> None:
+        self._note(DELETE, name)
+
+
+def recording_view(ctx: IterContext, note: Note) -> IterContext:
+    """A stand-in for ``ctx`` that forwards every read, write and delete to it and calls ``note`` for each."""
+    return _RecordingView(_NotingJournal(ctx, note))
+
+
+@dataclass
+class TaskAccess:
+    """What one task touched: names read, written (assigned or modified in place) and deleted."""
+
+    reads: Set[str] = field(default_factory=set)
+    writes: Set[str] = field(default_factory=set)
+    deletes: Set[str] = field(default_factory=set)
+
+    def note(self, kind: str, name: str) -> None:
+        (self.reads if kind == READ else self.deletes if kind == DELETE else self.writes).add(name)
+
+    @property
+    def touched(self) -> Set[str]:
+        return self.reads | self.writes | self.deletes
+
+    def modifies(self, name: str) -> bool:
+        return name in self.writes or name in self.deletes
+
+
+@dataclass
+class IterationAccess:
+    """One recorded iteration: the task order, what each task touched, and which names are state."""
+
+    order: List[str]
+    tasks: Dict[str, TaskAccess]
+    state: Set[str]  # names outside the context: consecutive iterations share them
+
+
+# -- naming: modules, optimizers and tensors reachable from the task functions ---------------------------
+
+
+_GRAD = torch._C.TensorBase.__dict__["grad"]
+
+
+class _GradSlots(TorchFunctionMode):
+    """Hands every ``t.grad`` read and assignment to ``on_grad(tensor, kind)``."""
+
+    def __init__(self, on_grad: Callable[[torch.Tensor, str], None]) -> None:
+        super().__init__()
+        self.on_grad = on_grad
+
+    def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
+                           kwargs: Optional[Dict[str, Any]] = None) -> Any:
+        if getattr(func, "__self__", None) is _GRAD and args and isinstance(args[0], torch.Tensor):
+            self.on_grad(args[0], READ if getattr(func, "__name__", "") == "__get__" else WRITE)
+        return func(*args, **(kwargs or {}))
+
+
+class _OperatorAccess(TorchDispatchMode):
+    """Hands ``on_storage(key, kind)`` the storage of every tensor an operator reads or, by its schema, writes.
+
+    An argument the result aliases without writing it (``t``, ``view``, ``detach``) is a
+    view: no data is touched, so it is no read.
+    """
+
+    def __init__(self, on_storage: Callable[[int, str], None]) -> None:
+        super().__init__()
+        self.on_storage = on_storage
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (),
+                           kwargs: Optional[Dict[str, Any]] = None) -> Any:
+        kwargs = kwargs or {}
+        schema = getattr(func, "_schema", None)
+        for k, arg in enumerate(schema.arguments if schema is not None else ()):
+            alias = arg.alias_info
+            kind = READ if alias is None else WRITE if alias.is_write else None
+            value = args[k] if k < len(args) else kwargs.get(arg.name)
+            if kind is None or value is None:
+                continue
+            values = (value,) if isinstance(value, torch.Tensor) else value if isinstance(value, (list, tuple)) else ()
+            for tensor in values:
+                key = storage_key(tensor) if isinstance(tensor, torch.Tensor) else None
+                if key is not None:
+                    self.on_storage(key, kind)
+        return func(*args, **kwargs)
+
+
+_Snapshot = Tuple[Dict[str, Tuple[Optional[torch.Tensor], int]], Dict[int, str], Dict[int, str], List[Any]]
+
+
+class StateRecorder:
+    """Notes, task by task, what each task does to the state outside the context (see the module docstring).
+
+    Built just before the iteration: it names what the task functions reach, and keeps every
+    tensor alive at that moment that the batch does not hold (so their storages stay
+    theirs until the iteration is over).
+    """
+
+    def __init__(self, tasks: Sequence[PipelineTask], batch: Any, roots: Mapping[str, Any]) -> None:
+        self.roots = find_roots([t.fn for t in tasks], roots)
+        first: Dict[int, str] = {}
+        for task in tasks:
+            for k, io in enumerate(task.io):
+                first.setdefault(id(io), f"{task.name}.io[{k}]")
+        self.ios: List[Tuple[str, DeclaredIO]] = list({first[id(io)]: io for t in tasks for io in t.io}.items())
+        self.declared = {t.name: [first[id(io)] for io in t.io] for t in tasks}
+        batch_keys = {storage_key(t) for t in walk_tensors(batch)}
+        self.existing = [t for t in _live_tensors() if storage_key(t) not in batch_keys]
+        self.existing_by_key = {storage_key(t): t for t in self.existing}
+        self.unnamed: Dict[int, str] = {}
+        self.state: Set[str] = {name for name, _ in self.ios}
+
+    def _snapshot(self) -> _Snapshot:
+        slots, params = named_slots(self.roots)
+        names: Dict[int, str] = {}  # storage -> name; a DeclaredIO's name wins over a module path
+        fingerprints = []
+        for name, io in self.ios:
+            value = _capture(io)
+            for found in walk_tensors(value):
+                names.setdefault(storage_key(found) or 0, name)
+            fingerprints.append(_frozen(value))
+        versions: Dict[str, Tuple[Optional[torch.Tensor], int]] = {}
+        for name, tensor in slots.items():
+            if tensor is not None:
+                name = names.setdefault(storage_key(tensor) or 0, name)
+            versions[name] = (tensor, _version(tensor))
+        grads = {pid: f"{name}.grad" for pid, name in params.items()}
+        return versions, names, grads, fingerprints
+
+    def _name_of(self, key: int, named: Dict[int, str]) -> Optional[str]:
+        name = named.get(key)
+        if name is None and key in self.existing_by_key:
+            name = self.unnamed.get(key)
+            if name is None:
+                name = self.unnamed[key] = describe(self.existing_by_key[key], len(self.unnamed) + 1)
+        return name
+
+    def run(self, task: PipelineTask, call: Callable[[], Any], access: TaskAccess) -> None:
+        """``call()`` (the task on its context), noting into ``access`` what it does to the state."""
+        before = self._snapshot()
+        existing_versions = [_version(t) for t in self.existing]
+        storages: List[Tuple[int, str]] = []
+        grads: List[Tuple[torch.Tensor, str]] = []
+        with _GradSlots(lambda t, kind: grads.append((t, kind))), _OperatorAccess(
+                lambda key, kind: storages.append((key, kind))):
+            call()
+        after = self._snapshot()
+        named = {**after[1], **before[1]}
+        noted: List[Tuple[str, str]] = [(WRITE, name) for name in self.declared[task.name]]
+        for key, kind in storages:
+            name = self._name_of(key, named)
+            if name is not None:
+                noted.append((kind, name))
+        grad_names = {**after[2], **before[2]}
+        noted += [(kind, grad_names[id(t)]) for t, kind in grads if id(t) in grad_names]
+        for name in before[0].keys() | after[0].keys():
+            was, now = before[0].get(name, (None, -1)), after[0].get(name, (None, -1))
+            if was[0] is not now[0] or was[1] != now[1]:
+                noted.append((WRITE, name))
+        for tensor, version in zip(self.existing, existing_versions):
+            if _version(tensor) != version:
+                noted.append((WRITE, self._name_of(storage_key(tensor) or 0, named) or describe(tensor, 0)))
+        for (name, _), was, now in zip(self.ios, before[3], after[3]):
+            if not _same(was, now):
+                noted.append((WRITE, name))
+        for kind, name in noted:
+            access.note(kind, name)
+            self.state.add(name)
+
+
+def _live_tensors() -> List[torch.Tensor]:
+    """Every tensor object alive now that has a storage and a version counter."""
+    found = []
+    is_tensor: Dict[type, bool] = {}
+    with warnings.catch_warnings():  # issubclass() wakes lazily deprecated objects, which warn
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            kind = type(obj)
+            known = is_tensor.get(kind)
+            if known is None:
+                known = is_tensor[kind] = issubclass(kind, torch.Tensor)
+            if known and storage_key(obj) is not None and _version(obj) >= 0:
+                found.append(obj)
+    return found
+
+
+def _version(tensor: Optional[torch.Tensor]) -> int:
+    if tensor is None:
+        return -1
+    try:
+        return int(tensor._version)
+    except Exception:  # inference tensors have no version counter
+        return -2
+
+
+def _capture(io: DeclaredIO) -> Any:
+    try:
+        return io.capture()
+    except Exception as exc:  # the state is not there yet: its absence is its value
+        return ("capture() raised", type(exc).__name__)
+
+
+def _frozen(value: Any, depth: int = 0) -> Any:
+    """A copy of ``value`` to compare with a later one: tensors cloned, containers rebuilt."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if depth < MAX_DEPTH and isinstance(value, dict):
+        return {k: _frozen(v, depth + 1) for k, v in value.items()}
+    if depth < MAX_DEPTH and isinstance(value, (list, tuple)):
+        return tuple(_frozen(v, depth + 1) for v in value)
+    return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if a.is_floating_point() or a.is_complex():
+            return bool(torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True))
+        return bool(torch.equal(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    try:
+        return bool(a == b)
+    except Exception:
+        return a is b

@@ -1,0 +1,327 @@
+"""Races on the context: what orders two units of work, and a checker that raises on what does not.
+
+**Happens-before.** Unit ``A(j)`` (task A on iteration j) happens before ``B(i)`` when a
+chain of these edges leads from ``B(i)`` back to ``A(j)``:
+
+* a declared intra-iteration pair ``(B, A)``: ``B(i)`` after ``A(i)``;
+* a declared inter-iteration pair ``(B, A)``: ``B(i)`` after ``A(i-1)``;
+* a task's own iterations: ``T(i)`` after ``T(i-1)`` (a task runs on one thread group and
+  one stream, and completes its iterations in order, on both engines).
+
+Nothing else: thread groups and streams also order work (a thread group runs its units
+in order; a stream runs older iterations first), but that order belongs to a placement,
+not to the plan's dependencies — move a task to another thread group or stream and it is
+gone. :class:`Placement` says when it holds; :mod:`analysis` reports a conflict ordered
+only by it as a warning, and :class:`RaceChecker` logs it (raises with ``strict=True``).
+
+**The checker** wraps task functions: each call runs on a recording view of its context
+that notes every attribute read, write and delete with the (task, iteration) making it.
+Two accesses to one attribute conflict when one of them writes (or deletes); a conflict
+that no happens-before chain orders raises :class:`RaceError` in the task making the
+second access, naming both tasks, the attribute and both iterations. The verdict does
+not depend on timing: a missing dependency is reported on the first iteration in which
+both tasks touch the attribute, even when the run happened to order them correctly.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import weakref
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
+
+from .. import ordering
+from .access import DELETE, ENGINE_FIELDS, READ, WRITE
+from ..plan import IterContext, PipelinePlan, PipelineTask
+from ..shortcut import _Journal, _RecordingView
+
+__all__: List[str] = []
+
+logger = logging.getLogger("swpipeline")
+
+Unit = Tuple[int, int]  # (task index in the plan, iteration)
+
+
+class HappensBefore:
+    """The happens-before relation of a set of dependencies (see the module docstring).
+
+    Args:
+        names: the tasks.
+        intra: task -> the tasks it depends on in the same iteration (a DAG).
+        inter: task -> the tasks it depends on in the previous iteration.
+    """
+
+    def __init__(self, names: Iterable[str], intra: Mapping[str, Iterable[str]],
+                 inter: Mapping[str, Iterable[str]]) -> None:
+        self.names = list(names)
+        self._closure: Dict[str, Set[str]] = {}
+        deps = {n: list(intra.get(n, ())) for n in self.names}
+        for name in self.names:
+            self._close(name, deps)
+        inter_deps = {n: set(inter.get(n, ())) | {n} for n in self.names}  # a task's own previous iteration
+        one_back = {b: {a for x in self._closure[b] | {b} for y in inter_deps[x] for a in self._closure[y] | {y}}
+                    for b in self.names}
+        self._back: List[Dict[str, Set[str]]] = [one_back]  # [d - 1]: what B(i) reaches at iteration i - d
+        while len(self._back) <= len(self.names):
+            last = self._back[-1]
+            deeper = {b: set().union(*(last[m] for m in one_back[b])) for b in self.names}
+            if deeper == last:
+                break
+            self._back.append(deeper)
+
+    @classmethod
+    def of_plan(cls, plan: PipelinePlan) -> "HappensBefore":
+        """The relation a plan's declared dependencies give."""
+        return cls(plan.task_names, plan.intra, plan.inter)
+
+    def _close(self, name: str, intra: Dict[str, List[str]]) -> Set[str]:
+        found = self._closure.get(name)
+        if found is None:
+            found = set()
+            for dep in intra[name]:
+                found |= {dep} | self._close(dep, intra)
+            self._closure[name] = found
+        return found
+
+    def before(self, first: str, second: str, distance: int = 0) -> bool:
+        """Whether ``first`` at iteration ``i - distance`` happens before ``second`` at iteration ``i``."""
+        if distance == 0:
+            return first in self._closure[second]
+        return first in self._back[min(distance, len(self._back)) - 1][second]
+
+
+class Placement:
+    """The order a plan's placement (thread groups, streams, stages) gives two units, on both engines.
+
+    A thread group runs its units, and a stream its work, in the schedule's order: by period
+    (iteration + stage), then by position in the period's submission order. Two tasks
+    that share neither run in no fixed order.
+    """
+
+    def __init__(self, plan: PipelinePlan) -> None:
+        self.stage = {n: plan.stage(n) for n in plan.task_names}
+        self.group = {n: plan.schedules[n].thread_group for n in plan.task_names}
+        self.stream: Dict[str, Any] = {n: _stream_key(plan.schedules[n].stream) for n in plan.task_names}
+        self.position = {n: k for k, n in enumerate(ordering.enqueue_order(plan, self.stream))}
+
+    def shared(self, a: str, b: str) -> Optional[str]:
+        """What ``a`` and ``b`` share, in words (None: neither thread group nor stream)."""
+        group, stream = self.group[a] == self.group[b], self.stream[a] == self.stream[b]
+        where = stream_label(self.stream[a])
+        if group and stream:
+            return f"thread group {self.group[a]!r} and {where}"
+        if group:
+            return (f"thread group {self.group[a]!r} (not the stream: on an accelerator their kernels on "
+                    f"{where} and {stream_label(self.stream[b])} are not ordered)")
+        if stream:
+            return f"{where} (from thread groups {self.group[a]!r} and {self.group[b]!r})"
+        return None
+
+    def before(self, first: str, second: str, distance: int = 0) -> Optional[bool]:
+        """Whether the placement runs ``first(i - distance)`` before ``second(i)`` (None: it does not order them)."""
+        if self.shared(first, second) is None:
+            return None
+        return (self.stage[first] - distance, self.position[first]) < (self.stage[second], self.position[second])
+
+
+def _stream_key(spec: Any) -> Any:
+    return "default" if spec is None or (isinstance(spec, str) and spec == "default") else spec
+
+
+def stream_label(key: Any) -> str:
+    """A stream in words: ``the default stream``, ``stream 'copy'``."""
+    if isinstance(key, str):
+        return "the default stream" if key == "default" else f"stream {key!r}"
+    return f"stream {getattr(key, 'swp_name', None) or repr(key)!r}"
+
+
+class RaceError(RuntimeError):
+    """Two tasks touched one context attribute, at least one writing, with no dependency ordering them."""
+
+    def __init__(self, message: str, attribute: str, first: Tuple[str, int], second: Tuple[str, int]) -> None:
+        super().__init__(message)
+        self.attribute = attribute
+        self.first = first  # (task, iteration) that a serial run runs first
+        self.second = second
+
+
+def stage_fix(stage: Mapping[str, int], task: str, dep: str, distance: int) -> Optional[str]:
+    """How to move the stages so that ``task`` may depend on ``dep`` of ``distance`` iterations back (None: it may)."""
+    if stage[dep] - distance <= stage[task]:
+        return None
+    limit = "the task's stage" if distance == 0 else "the task's stage + 1"
+    return (f"move {task} to stage {stage[dep] - distance} or later, or {dep} to stage {stage[task] + distance} or "
+            f"earlier (a dependency's stage may be at most {limit})")
+
+
+def dependency_fix(stage: Mapping[str, int], task: str, dep: str, distance: int) -> str:
+    """The dependency to declare so that ``task(i)`` follows ``dep(i - distance)``, in words."""
+    if distance > 1:
+        return (f"declare dependencies that order {task} after {dep} of {distance} iterations earlier "
+                f"(a chain through inter_iter_deps)")
+    where = "intra_iter_deps" if distance == 0 else "inter_iter_deps"
+    moves = stage_fix(stage, task, dep, distance)
+    return f'add ("{task}", "{dep}") to {where}' + (f" and {moves}" if moves else "")
+
+
+_VERBS = {READ: "reads", DELETE: "deletes"}
+
+
+def conflict_clause(first: str, first_kind: str, second: str, second_kind: str, attribute: str) -> str:
+    """``'B' (iteration i) reads ctx.x, which 'A' (iteration j) writes``, from the access kinds."""
+    verb_a, verb_b = _VERBS.get(first_kind, "writes"), _VERBS.get(second_kind, "writes")
+    if second_kind == READ:
+        return f"{second} reads {attribute}, which {first} {verb_a}"
+    if first_kind == READ:
+        return f"{second} {verb_b} {attribute}, which {first} reads"
+    return f"{second} {verb_b} {attribute}, which {first} also {verb_a}"
+
+
+_Access = Tuple[Unit, str]
+
+
+class _CheckedJournal(_Journal):
+    """The recording view's journal for one call of a wrapped task: every access goes to the checker."""
+
+    def __init__(self, target: IterContext, checker: "RaceChecker", log: Dict[str, List[_Access]],
+                 unit: Unit) -> None:  # noqa: the journal's own records are not kept
+        self.target, self.checker, self.log, self.unit = target, checker, log, unit
+
+    def read(self, name: str) -> None:
+        if name not in ENGINE_FIELDS:
+            self.checker._access(self.log, name, self.unit, READ)
+
+    def touch(self, name: str) -> None:
+        return None
+
+    def write(self, name: str, value: Any) -> None:
+        self.checker._access(self.log, name, self.unit, WRITE)
+
+    def delete(self, name: str) -> None:
+        self.checker._access(self.log, name, self.unit, DELETE)
+
+
+class RaceChecker:
+    """Checks every context access of the wrapped task functions against a plan's dependencies.
+
+    Args:
+        plan: the plan whose tasks are wrapped; its dependencies define happens-before.
+        strict: also raise for a conflict that only the placement orders (the same thread
+            group or stream), instead of logging it once as a warning.
+
+    Raises:
+        TypeError: ``plan`` is not a PipelinePlan.
+        ValueError: the plan breaks a stage rule.
+
+    Overhead: a recording view per task call and, per context access, a lock and a few
+    lookups: a few microseconds per access (``benchmarks/race_check_overhead.py``).
+    """
+
+    def __init__(self, plan: PipelinePlan, *, strict: bool = False) -> None:
+        if not isinstance(plan, PipelinePlan):
+            raise TypeError(f"RaceChecker: plan must be a PipelinePlan, got {type(plan).__name__}")
+        ordering.validate_stages(plan)
+        self.plan = plan
+        self.strict = strict
+        self._names = plan.task_names
+        self._index = {name: k for k, name in enumerate(self._names)}
+        self._serial = {name: k for k, name in enumerate(ordering.serial_order(plan))}
+        self._happens_before = HappensBefore.of_plan(plan)
+        self._placement = Placement(plan)
+        self._logs: Dict[int, Tuple["weakref.ref[IterContext]", Dict[str, List[_Access]]]] = {}  # by id(ctx)
+        self._lock = threading.Lock()
+        self._warned: Set[Tuple[str, str, int, str]] = set()
+        self._verdicts: Dict[Tuple[int, int, int], bool] = {}
+        self.warnings: List[str] = []  # conflicts only the placement orders, once each
+
+    def wrap(self, task: Union[PipelineTask, str],
+             fn: Optional[Callable[[IterContext], Any]] = None) -> Callable[[IterContext], Any]:
+        """``fn`` (by default the task's own function) with every context access checked.
+
+        Args:
+            task: the plan's task (or its name) the accesses are attributed to.
+            fn: what to call instead of ``task.fn``, e.g. the engine's shortcut executor.
+
+        Returns:
+            A function of the IterContext that calls ``fn`` on a recording view of it.
+
+        Raises:
+            ValueError: ``task`` is not in the plan.
+            TypeError: ``fn`` is not callable.
+        """
+        name = task.name if isinstance(task, PipelineTask) else task
+        if name not in self._index:
+            raise ValueError(f"RaceChecker.wrap: unknown task {name!r}; the plan's tasks are {self._names}")
+        run = fn if fn is not None else self.plan.task(name).fn
+        if not callable(run):
+            raise TypeError(f"RaceChecker.wrap: fn for {name!r} must be callable, got {type(run).__name__}")
+        index = self._index[name]
+
+        def checked(ctx: IterContext) -> Any:
+            return run(_RecordingView(_CheckedJournal(ctx, self, self._log_of(ctx), (index, ctx.iter_idx))))
+
+        checked.__name__ = f"race_checked_{name}"
+        return checked
+
+    def _log_of(self, ctx: IterContext) -> Dict[str, List[_Access]]:
+        """The access log of one context; it goes when the context does."""
+        found = self._logs.get(id(ctx))
+        if found is not None and found[0]() is ctx:
+            return found[1]
+        with self._lock:
+            found = self._logs.get(id(ctx))
+            if found is None or found[0]() is not ctx:
+                found = self._logs[id(ctx)] = (weakref.ref(ctx, functools.partial(self._forget, id(ctx))), {})
+            return found[1]
+
+    def _forget(self, key: int, ref: "weakref.ref[IterContext]") -> None:
+        found = self._logs.get(key)
+        if found is not None and found[0] is ref:
+            del self._logs[key]
+
+    def _access(self, log: Dict[str, List[_Access]], attr: str, unit: Unit, kind: str) -> None:
+        with self._lock:
+            entries = log.get(attr)
+            if entries is None:
+                log[attr] = [(unit, kind)]
+                return
+            for other, other_kind in entries:
+                if other != unit and (kind != READ or other_kind != READ) and not self._ordered(other, unit):
+                    self._report(f"ctx.{attr}", (other, other_kind), (unit, kind))
+            if (unit, kind) not in entries:
+                entries.append((unit, kind))
+
+    def _ordered(self, one: Unit, other: Unit) -> bool:
+        """Whether happens-before orders two units (either way); remembered per (task, task, iteration distance)."""
+        key = (one[0], other[0], other[1] - one[1])
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            first, second = sorted((one, other), key=lambda u: (u[1], self._serial[self._names[u[0]]]))
+            verdict = self._verdicts[key] = self._happens_before.before(
+                self._names[first[0]], self._names[second[0]], second[1] - first[1])
+        return verdict
+
+    def _report(self, attribute: str, one: _Access, other: _Access) -> None:
+        """Raise for two conflicting accesses that happens-before does not order (or warn, see the class)."""
+        (first, first_kind), (second, second_kind) = sorted(
+            (one, other), key=lambda a: (a[0][1], self._serial[self._names[a[0][0]]]))
+        a, b = self._names[first[0]], self._names[second[0]]
+        distance = second[1] - first[1]
+        clause = conflict_clause(f"{a!r} (iteration {first[1]})", first_kind, f"{b!r} (iteration {second[1]})",
+                                 second_kind, attribute)
+        fix = dependency_fix(self._placement.stage, b, a, distance)
+        placed = self._placement.before(a, b, distance)
+        if placed and not self.strict:
+            key = (a, b, min(distance, 2), attribute)
+            if key not in self._warned:
+                self._warned.add(key)
+                shared = self._placement.shared(a, b)
+                message = (f"{clause}; only the placement orders the two (both on {shared}), so another thread "
+                           f"group or stream would race: {fix}")
+                self.warnings.append(message)
+                logger.warning("swpipeline race check: %s", message)
+            return
+        runs_first = f"; this placement runs {b!r} first" if placed is False else ""
+        raise RaceError(f"race on {attribute}: {clause}, and no declared dependency orders the two (a serial run "
+                        f"runs {a!r} first{runs_first}): {fix}", attribute, (a, first[1]), (b, second[1]))
