@@ -25,16 +25,18 @@ import functools
 import math
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, List, NoReturn, Optional, Protocol
+from typing import Any, Callable, Iterable, Iterator, List, NoReturn, Optional, Protocol, Union
 
 import torch
 
 from . import ordering, shutdown
 from .analysis.races import RaceChecker
+from .analysis.report import PlanAnalysis
 from .annotations import resolve_emit_nvtx
 from .device import Device, DeviceSpec, resolve_device
 from .driving import DriverSeat, UnitOn, driving
 from .executor import AfterComplete, make_launch, make_unit_runner, traced
+from .lifetime import EarlyFree, attribute_uses
 from .modes import Modes, device_types
 from .plan import IterContext, PipelinePlan
 from .progress_line import ProgressLine, len_or_none
@@ -85,7 +87,8 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
 
     def __init__(self, plan: PipelinePlan, num_slots: int, device: DeviceSpec = None, *,
                  signal_timeout: float = 30.0, progress_timeout: float = 60.0, join_timeout: float = 10.0,
-                 worker_init: Optional[Callable[[str], None]] = None, check_races: bool = False) -> None:
+                 worker_init: Optional[Callable[[str], None]] = None, check_races: bool = False,
+                 free_early: Union[bool, PlanAnalysis] = False, keep: Iterable[str] = ()) -> None:
         if not isinstance(plan, PipelinePlan):
             raise TypeError(f"plan must be a PipelinePlan, got {type(plan).__name__}")
         if not isinstance(check_races, bool):
@@ -109,6 +112,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
         self._groups = list(dict.fromkeys(t.group for t in self._tasks))
         self._shortcuts = ShortcutTable(plan.tasks)
         self._race_checker = RaceChecker(plan) if check_races else None
+        self._free_uses = attribute_uses(plan, free_early, keep)
         self._refresh_executors()
         self._caller_group: Optional[str] = None  # a thread group run by the caller of progress()
         self._run: Optional[Run] = None  # the current fill (None: idle)
@@ -136,8 +140,9 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
             recorder = self._new_recorder(run.tasks)
             wait = recorder.timed_wait(run.board.wait_task) if recorder is not None else None
             policy = self._new_policy(run)
+            free = EarlyFree(self._free_uses).done if self._free_uses is not None else None
             run_unit = make_unit_runner(run.board, self.device, launch, self._event_slots, self.signal_timeout,
-                                        policy.after_complete, wait)
+                                        policy.after_complete, wait, free)
             if recorder is not None:
                 run_unit = traced(run_unit, recorder)
             run.policy = policy

@@ -27,9 +27,10 @@ construction as well.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from . import ordering
+from .analysis.report import PlanAnalysis
 from .base import _PipelineBase
 from .device import DeviceSpec
 from .executor import AfterComplete
@@ -130,6 +131,11 @@ class SWPipeline(_PipelineBase):
             dependencies while it runs, and raise ``RaceError`` naming both tasks, the attribute
             and the iterations for two conflicting accesses the dependencies do not order (a
             few microseconds per access; see ``RaceChecker``).
+        free_early: delete each context attribute as soon as every task that uses it has finished
+            the iteration, instead of when the iteration retires: ``True`` when every task declares
+            its ``reads=`` and ``writes=``, or a ``PlanAnalysis`` (``analyze(plan, batch)``).
+        keep: attributes ``free_early`` leaves on the context until the iteration retires (what
+            you read from a retired context, e.g. ``keep=("loss",)``).
         caller_thread_group: a thread group whose tasks run on the thread that calls
             ``progress()`` (each call first runs what was queued for it) instead of on a worker
             thread: no hand-off at all for that group. The order and deadlock argument are the
@@ -142,13 +148,14 @@ class SWPipeline(_PipelineBase):
     def __init__(self, plan: PipelinePlan, device: DeviceSpec = None, *, signal_timeout: float = 30.0,
                  progress_timeout: float = 60.0, join_timeout: float = 10.0,
                  worker_init: Optional[Callable[[str], None]] = None,
-                 caller_thread_group: Optional[str] = None, check_races: bool = False) -> None:
+                 caller_thread_group: Optional[str] = None, check_races: bool = False,
+                 free_early: Union[bool, PlanAnalysis] = False, keep: Iterable[str] = ()) -> None:
         if not isinstance(plan, PipelinePlan):
             raise TypeError(f"plan must be a PipelinePlan, got {type(plan).__name__}")
         self.depth: int = plan.depth
         super().__init__(plan, self.depth, device, signal_timeout=signal_timeout,
                          progress_timeout=progress_timeout, join_timeout=join_timeout, worker_init=worker_init,
-                         check_races=check_races)
+                         check_races=check_races, free_early=free_early, keep=keep)
         if caller_thread_group is not None and caller_thread_group not in self._groups:
             raise ValueError(f"caller_thread_group={caller_thread_group!r} is not a thread group of the plan "
                              f"(its groups: {self._groups})")

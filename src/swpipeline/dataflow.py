@@ -27,8 +27,9 @@ iteration ``max_depth`` older, whose units all come earlier, has retired); a sma
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Union
 
+from .analysis.report import PlanAnalysis
 from .base import _PipelineBase
 from .device import DeviceSpec
 from .executor import AfterComplete
@@ -113,8 +114,8 @@ class DataFlowPipeline(_PipelineBase):
         max_depth: the most iterations alive at once (>= 1). Any ``max_depth >= depth`` works;
             a smaller one only if the plan's order can complete with that few iterations
             alive (checked here, with a clear error otherwise).
-        device, signal_timeout, progress_timeout, join_timeout, worker_init, check_races: as for
-            ``SWPipeline``.
+        device, signal_timeout, progress_timeout, join_timeout, worker_init, check_races, free_early,
+            keep: as for ``SWPipeline``.
 
     Raises:
         TypeError, ValueError: the plan breaks a stage rule, ``max_depth`` is not a positive int
@@ -123,12 +124,14 @@ class DataFlowPipeline(_PipelineBase):
 
     def __init__(self, plan: PipelinePlan, max_depth: int = 2, device: DeviceSpec = None, *,
                  signal_timeout: float = 30.0, progress_timeout: float = 60.0, join_timeout: float = 10.0,
-                 worker_init: Optional[Callable[[str], None]] = None, check_races: bool = False) -> None:
+                 worker_init: Optional[Callable[[str], None]] = None, check_races: bool = False,
+                 free_early: Union[bool, PlanAnalysis] = False, keep: Iterable[str] = ()) -> None:
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
             raise ValueError(f"max_depth must be an int >= 1 (the most iterations in flight), got {max_depth!r}")
         self.max_depth = max_depth
         super().__init__(plan, max_depth, device, signal_timeout=signal_timeout, progress_timeout=progress_timeout,
-                         join_timeout=join_timeout, worker_init=worker_init, check_races=check_races)
+                         join_timeout=join_timeout, worker_init=worker_init, check_races=check_races,
+                         free_early=free_early, keep=keep)
         self._check_max_depth()
 
     def _check_max_depth(self) -> None:

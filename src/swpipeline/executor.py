@@ -10,6 +10,7 @@ A unit ``(task, ctx, period)`` runs on its thread group's worker::
                                         #   in the sequencer, if it is globally ordered
     keep_alive(written, consumers)      # tensors it left on ctx, for readers on other streams
                                         #   (devices that track memory only, see lifetime.py)
+    free(task, ctx)                     # free_early: attributes no other task uses any more
     device.record(event, stream)        # only if a consumer is on another stream
     board.complete(task, i)             # sets the CPU signal
     after_complete(task, i)             # the engine's hook, if it has one
@@ -55,7 +56,8 @@ def make_launch(device: Device, labels: Dict[int, str], nvtx: bool) -> Callable[
 
 def make_unit_runner(board: "CompletionBoard", device: Device, launch: Callable[[TaskRuntime, IterContext], None],
                      event_slots: int, signal_timeout: float, after_complete: Optional[AfterComplete] = None,
-                     wait: Optional[Callable[..., None]] = None) -> RunUnit:
+                     wait: Optional[Callable[..., None]] = None,
+                     free: Optional[Callable[[int, IterContext], None]] = None) -> RunUnit:
     """The unit executor of one run (see the module docstring)."""
     done = board.done
     complete = board.complete
@@ -94,6 +96,8 @@ def make_unit_runner(board: "CompletionBoard", device: Device, launch: Callable[
             in_turns(task, ctx, i)
         if keep:
             keep_written(device, vars(ctx), before, keep)
+        if free is not None:
+            free(task.index, ctx)
         if task.events is not None:
             device.record(task.events[i % slots], stream)
         complete(task.index, i)

@@ -25,15 +25,22 @@ every stream had passed (memory freed in order, later); marking tensors frees ea
 as soon as its readers are done, so peak memory stays near a serial loop's, at the cost
 of one ``record_stream`` per tensor and consumer stream (microseconds, on devices that
 track memory only).
+
+``EarlyFree`` (``free_early=``) goes one step further for the context itself: an
+attribute is deleted as soon as every task that declares it has finished the
+iteration, instead of when the iteration retires.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Sequence, Set
+import threading
+from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set
 
 import torch
 
+from .analysis.report import PlanAnalysis
 from .device import Device
+from .plan import PipelinePlan
 
 __all__: List[str] = []
 
@@ -75,3 +82,72 @@ def keep_written(device: Device, attrs: Dict[str, Any], before: Dict[str, Any], 
         for tensor in tensors_in(value):
             for stream in streams:
                 device.keep_alive(tensor, stream)
+
+
+class EarlyFree:
+    """Delete each context attribute as soon as every task that uses it has finished the iteration.
+
+    ``uses[k]`` are the attributes task ``k`` (plan order) reads or writes. After a unit of
+    task ``k`` ran (and before it signals completion, so that an iteration is done only
+    once its frees are), each of those attributes whose last user this was is deleted
+    from the context. On an accelerator the deletion is stream-safe: tensors handed to
+    other streams are kept alive for them (above). One per run; thread-safe.
+    """
+
+    def __init__(self, uses: Sequence[FrozenSet[str]]) -> None:
+        self.uses = [tuple(sorted(u)) for u in uses]
+        self.users: Dict[str, int] = {}
+        for attrs in self.uses:
+            for name in attrs:
+                self.users[name] = self.users.get(name, 0) + 1
+        self._left: Dict[int, Dict[str, int]] = {}  # per iteration: users still to finish, per attribute
+        self._lock = threading.Lock()
+
+    def done(self, task: int, ctx: Any) -> None:
+        """Task ``task`` finished its unit of ``ctx``'s iteration: free what no one else uses."""
+        attrs = self.uses[task]
+        if not attrs:
+            return
+        it = ctx.iter_idx
+        gone = []
+        with self._lock:
+            left = self._left.get(it)
+            if left is None:
+                left = self._left[it] = dict(self.users)
+            for name in attrs:
+                count = left[name] - 1
+                if count:
+                    left[name] = count
+                else:
+                    del left[name]
+                    gone.append(name)
+            if not left:
+                del self._left[it]
+        if gone:
+            ctx._swp_free(gone)
+
+
+def attribute_uses(plan: PipelinePlan, free_early: object, keep: object) -> Optional[List[FrozenSet[str]]]:
+    """Per task (plan order), the context attributes ``free_early`` frees after it; None when off."""
+    if isinstance(keep, str) or not isinstance(keep, Iterable):
+        raise TypeError(f"keep must be a collection of context attribute names, e.g. keep=(\"loss\",); got {keep!r}")
+    kept = frozenset(keep)
+    if free_early is False:
+        if kept:
+            raise ValueError(f"keep={sorted(kept)} without free_early: nothing is freed early, so nothing needs keeping")
+        return None
+    if isinstance(free_early, PlanAnalysis):
+        if free_early.plan.task_names != plan.task_names:
+            raise ValueError(f"free_early: the analysis is of another plan (tasks {free_early.plan.task_names}, this "
+                             f"plan's {plan.task_names}); pass analyze(plan, batch) of this plan")
+        return [frozenset(n[4:] for n in free_early.reads[t] | free_early.writes[t] if n.startswith("ctx.")) - kept
+                for t in plan.task_names]
+    if free_early is not True:
+        raise TypeError(f"free_early must be False, True (tasks declare reads= and writes=) or a PlanAnalysis "
+                        f"from analyze(plan, batch); got {free_early!r}")
+    undeclared = [t.name for t in plan.tasks if t.reads is None or t.writes is None]
+    if undeclared:
+        raise ValueError(f"free_early=True needs every task's reads= and writes= (the context attributes it "
+                         f"touches); not declared for {undeclared}. Declare them on each PipelineTask, or pass "
+                         f"free_early=analyze(plan, batch)")
+    return [frozenset((t.reads or frozenset()) | (t.writes or frozenset())) - kept for t in plan.tasks]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import difflib
 import operator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 __all__: List[str] = []
 
@@ -48,7 +48,7 @@ class IterContext:
     memory early.
     """
 
-    __slots__ = ("_swp_batch", "_swp_iter", "__dict__", "__weakref__")
+    __slots__ = ("_swp_batch", "_swp_iter", "_swp_freed", "__dict__", "__weakref__")
 
     batch = _EngineField("_swp_batch", "batch", "it is what the data iterator yielded for this iteration; put "
                          "a transformed batch in an attribute of your own (ctx.x = ...), which you may del to "
@@ -59,10 +59,23 @@ class IterContext:
     def __init__(self, batch: Any, iter_idx: int) -> None:
         self._swp_batch = batch  # the slots behind the read-only fields
         self._swp_iter = iter_idx
+        self._swp_freed: Tuple[str, ...] = ()  # attributes the engine deleted early (free_early)
+
+    def _swp_free(self, names: Sequence[str]) -> None:
+        """The engine deletes ``names`` early: no declared task uses them any more in this iteration."""
+        attrs = self.__dict__
+        for name in names:
+            attrs.pop(name, None)
+        self._swp_freed = self._swp_freed + tuple(names)
 
     def __getattr__(self, name: str) -> Any:  # only reached for attributes that were never set
         if name.startswith("__"):
             raise AttributeError(name)
+        if name in self._swp_freed:
+            raise AttributeError(
+                f"IterContext of iteration {self.iter_idx} no longer has {name!r}: free_early deleted it once "
+                f"every task that declares it (reads/writes) had finished this iteration. Declare it in the "
+                f"reads of the task that needs it, or pass keep=({name!r},) to keep it until the iteration retires")
         have = ["batch", "iter_idx", *sorted(vars(self))]
         close = difflib.get_close_matches(name, have, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -108,6 +121,8 @@ class PipelineTask:
     name: str
     fn: Callable[[IterContext], Any]
     io: List[DeclaredIO] = field(default_factory=list)
+    reads: Optional[FrozenSet[str]] = None  # the context attributes it reads, if declared (see free_early)
+    writes: Optional[FrozenSet[str]] = None  # ... and those it assigns, modifies or deletes
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -120,6 +135,8 @@ class PipelineTask:
                 raise TypeError(
                     f"PipelineTask {self.name!r}: io entries must be DeclaredIO, got {type(item).__name__}"
                 )
+        self.reads = _attribute_names(self.name, "reads", self.reads)
+        self.writes = _attribute_names(self.name, "writes", self.writes)
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -135,6 +152,21 @@ class PipelineTask:
 
     def __repr__(self) -> str:
         return f"PipelineTask({self.name!r})"
+
+
+def _attribute_names(task: str, what: str, names: Any) -> Optional[FrozenSet[str]]:
+    """A declared set of context attribute names (None: not declared)."""
+    if names is None:
+        return None
+    if isinstance(names, str) or not isinstance(names, Iterable):
+        raise TypeError(f"PipelineTask {task!r}: {what} must be a collection of context attribute names, e.g. "
+                        f"{what}=(\"x\", \"loss\"), got {names!r}")
+    found = frozenset(names)
+    for name in found:
+        if not isinstance(name, str) or not name.isidentifier() or name in ("batch", "iter_idx"):
+            raise ValueError(f"PipelineTask {task!r}: {what} names context attributes as on the context (\"x\" "
+                             f"for ctx.x), other than batch and iter_idx; got {name!r}")
+    return found
 
 
 def _refuse_namesakes(task: PipelineTask) -> None:
