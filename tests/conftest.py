@@ -12,6 +12,9 @@ from typing import Iterator
 
 import pytest
 
+from engine_helpers import MakePipe
+from swpipeline import DataFlowPipeline, SWPipeline
+
 
 def _pipeline_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("swp-") and t.is_alive()]
@@ -23,3 +26,11 @@ def no_thread_leaks() -> Iterator[None]:
     yield
     leaked = [t.name for t in _pipeline_threads() if t not in before]
     assert not leaked, f"pipeline threads still alive after the test: {leaked}"
+
+
+@pytest.fixture(params=["SWPipeline", "DataFlowPipeline"])
+def make_pipe(request: pytest.FixtureRequest) -> MakePipe:
+    """Both engines, with the same depth (3) for the SparseDist-like plans of the engine tests."""
+    if request.param == "SWPipeline":
+        return SWPipeline
+    return lambda plan, **kw: DataFlowPipeline(plan, max_depth=3, **kw)

@@ -13,6 +13,8 @@ from swpipeline import IterContext, PipelinePlan, PipelineTask, TaskSchedule
 
 Event = Tuple[str, str, int, str]  # (kind, task, iter, thread name)
 
+MakePipe = Callable[..., Any]  # an engine constructor: (plan, **kwargs) -> pipeline
+
 
 class ExecLog:
     """Thread-safe log of task starts and ends with a global sequence number."""

@@ -9,28 +9,17 @@ as the task's own exception.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterator, List
+from typing import Any, Iterator, List
 
 import pytest
 
-from engine_helpers import ExecLog, drive, make_plan, sparse_dist_plan, swp_threads, wait_until
-from swpipeline import (DataFlowPipeline, DependencyTimeoutError, IterContext, PipelinePlan, PipelineTask, ProgressTimeoutError,
-                        SWPipeline, TaskSchedule)
+from engine_helpers import ExecLog, MakePipe, drive, make_plan, sparse_dist_plan, swp_threads, wait_until
+from swpipeline import (DataFlowPipeline, DependencyTimeoutError, IterContext, PipelinePlan, PipelineTask,
+                        ProgressTimeoutError, SWPipeline, TaskSchedule)
 
 
 class Boom(Exception):
     pass
-
-
-MakePipe = Callable[..., Any]
-
-
-@pytest.fixture(params=["SWPipeline", "DataFlowPipeline"])
-def make_pipe(request: pytest.FixtureRequest) -> MakePipe:
-    """Both engines, with the same depth (3) for the SparseDist-like plans used here."""
-    if request.param == "SWPipeline":
-        return SWPipeline
-    return lambda plan, **kw: DataFlowPipeline(plan, max_depth=3, **kw)
 
 
 def fail_at(iteration: int) -> Any:

@@ -18,19 +18,9 @@ from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 
-from engine_helpers import ExecLog, check_dependencies, drive, make_plan, swp_threads, wait_until
-from swpipeline import (DataFlowPipeline, DependencyTimeoutError, IterContext, PipelinePlan, PipelineTask,
-                        ProgressTimeoutError, SWPipeline, TaskSchedule)
+from engine_helpers import ExecLog, MakePipe, check_dependencies, drive, make_plan, swp_threads, wait_until
+from swpipeline import DependencyTimeoutError, IterContext, PipelinePlan, ProgressTimeoutError, SWPipeline
 from swpipeline.worker import Worker
-
-MakePipe = Callable[..., Any]
-
-
-@pytest.fixture(params=["SWPipeline", "DataFlowPipeline"])
-def make_pipe(request: pytest.FixtureRequest) -> MakePipe:
-    if request.param == "SWPipeline":
-        return SWPipeline
-    return lambda plan, **kw: DataFlowPipeline(plan, max_depth=3, **kw)
 
 
 def two_group_plan(log: ExecLog, work: Optional[Dict[str, Callable[[IterContext], None]]] = None) -> PipelinePlan:

@@ -14,18 +14,8 @@ from typing import Any, Callable, Dict, List
 
 import pytest
 
-from engine_helpers import ExecLog, make_plan, progress_until_stop, swp_threads, wait_until
-from swpipeline import DataFlowPipeline, IterContext, PipelinePlan, SWPipeline
-
-MakePipe = Callable[..., Any]
-
-
-@pytest.fixture(params=["SWPipeline", "DataFlowPipeline"])
-def make_pipe(request: pytest.FixtureRequest) -> MakePipe:
-    if request.param == "SWPipeline":
-        return SWPipeline
-    return lambda plan, **kw: DataFlowPipeline(plan, max_depth=3, **kw)
-
+from engine_helpers import ExecLog, MakePipe, make_plan, progress_until_stop, swp_threads, wait_until
+from swpipeline import IterContext, PipelinePlan, SWPipeline
 
 def plan_with(log: ExecLog, work: Dict[str, Callable[[IterContext], None]]) -> PipelinePlan:
     return make_plan(log, {"Load": (0, "copy", "io"), "Train": (1, None, "compute")},
