@@ -1,6 +1,6 @@
-"""The seed's import path: ``from dataflow_pipeline import DataFlowPipeline``.
+"""An alias import path: ``from dataflow_pipeline import DataFlowPipeline``.
 
-A thin alias of the :mod:`swpipeline` package.
+The same names as the :mod:`swpipeline` package, for code written against that path.
 """
 
 from swpipeline import *  # noqa: F401,F403

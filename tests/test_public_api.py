@@ -19,6 +19,8 @@ EXPORTED = {
     "TaskProfiler", "TaskSchedule", "TorchDevice",
     "DependencyWait", "RunStats", "TaskRecord", "TaskStats", "Timeline",
     "PlanAnalysis", "RaceChecker", "RaceError", "analyze", "infer_deps",
+    "EngineOverheads", "PathStep", "PlanSearch", "SimResult", "SimUnit", "TaskCost", "TaskCosts", "autoplan",
+    "calibrate", "search_plan", "simulate",
 }
 
 

@@ -148,7 +148,7 @@ def enqueue_order(plan: PipelinePlan, stream_of: Mapping[str, object]) -> List[s
     generation (its Kahn level in the period-local graph, so that independent chains
     interleave) goes first, then the one with the fewest cross-stream period-local waits
     (the ready-first preference), then by name, so that every rank computes the same
-    order. This reproduces every worked example of the API reference (e.g. SparseDist's
+    order. This gives the orders the tests check for the worked examples (e.g. SparseDist's
     H2D, InputDistStart, ZeroGrad, InputDistWait, WaitBatch, ...; P, Q, R, A), and never
     queues a task behind a cross-stream wait on its own stream when a task it need not
     wait for could go first.

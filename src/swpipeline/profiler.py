@@ -11,7 +11,7 @@ makes the device wait for, and excludes what overlaps with other work anyway.
 Each timed block runs ``num_measure`` iterations between two device
 synchronizations, so the figure includes device time without syncing per
 iteration. Every shortcut block is measured right after a baseline block and the
-two are subtracted: on a steady machine this is the seed's ``baseline - median
+two are subtracted: on a steady machine this equals ``median baseline - median
 shortcut``; when the machine's speed drifts (other processes, clocks), the paired
 difference cancels the drift that separate medians would report as cost.
 ``baseline_s`` is the median of all baseline blocks.

@@ -6,7 +6,7 @@ from typing import List, Sequence, Tuple
 
 __all__: List[str] = []
 
-# Minimum column widths, chosen so the seed's tables (seed 001) come out as printed there.
+# Minimum column widths: TorchRec's task names (InputDistStart, OptimizerStep) fit without shifting the columns.
 _TASK_W, _THREAD_W, _STREAM_W, _CELL_W = 17, 7, 12, 5
 
 ScheduleRow = Tuple[str, str, str, Sequence[str]]  # task label, thread group, stream, one cell per period

@@ -1,0 +1,18 @@
+"""Plans from measured costs: predict a plan's throughput, and search for a faster one.
+
+* ``costs.py``: ``TaskCost``/``TaskCosts``, from a traced run, the profiler or by hand;
+* ``overheads.py``, ``calibrate.py``: the engine's own costs (``EngineOverheads``);
+* ``simulator.py`` (``simulate``), with ``sim_model.py`` (the plan as the engine runs it),
+  ``sim_core.py`` (the event-driven simulation), ``sim_path.py`` (the critical path) and
+  ``sim_result.py`` (``SimResult``);
+* ``autoplan.py`` (``autoplan``, ``search_plan``), with ``plan_space.py`` (the candidate
+  plans), ``plan_search.py`` (exhaustive and local search), ``plan_args.py`` and
+  ``plan_report.py``;
+* ``trace_read.py`` and ``cli_plan.py``: ``swpipeline plan TRACE.json``.
+
+The public names are exported by the ``swpipeline`` package.
+"""
+
+from typing import List
+
+__all__: List[str] = []

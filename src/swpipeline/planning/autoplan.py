@@ -1,0 +1,205 @@
+"""``autoplan``: the plan with the best simulated throughput for a task set, within a memory budget.
+
+Given the tasks, their dependencies and what they cost, it chooses every task's stage,
+thread group and stream (from those allowed) so that the simulated run is fastest with
+at most ``max_in_flight`` iterations alive (batches and contexts held at once)::
+
+    costs (measured)  --->  candidates (valid stages x thread groups x streams)
+                                 |  simulate each (cheap), lower bounds skip the hopeless
+                                 v
+                            the fastest; within ``tolerance`` of it, the simplest
+
+It is exhaustive while the space is small (``exhaustive_limit`` candidates; every
+problem of up to 6 tasks on the CPU with ``max_in_flight <= 3``) and a deterministic
+local search beyond (``plan_search``). The plan it returns is valid for both engines
+(it follows the stage rules); for ``engine="dataflow"`` run it with
+``DataFlowPipeline(plan, max_depth=max_in_flight)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from .costs import TaskCosts
+from .overheads import EngineOverheads
+from ..plan import PipelinePlan, PipelineTask
+from .plan_search import Scorer, Space, count_candidates, exhaustive, local, starting_points
+from .plan_space import Bounds, Candidate, normalized
+from .sim_result import SimResult
+from .simulator import simulate
+
+__all__: List[str] = []
+
+TaskRef = Union[PipelineTask, str]
+EXHAUSTIVE_LIMIT = 200_000
+LOCAL_BUDGET = 3000
+
+
+@dataclass(frozen=True)
+class PlanSearch:
+    """What ``autoplan`` found (``search_plan`` returns it; ``autoplan`` returns its ``plan``).
+
+    Attributes:
+        plan: the suggested plan.
+        result: its simulation.
+        engine, max_in_flight: as asked.
+        exhaustive: whether every candidate was considered (else the local search ran).
+        candidates: how many candidates the space holds.
+        simulated: how many were simulated.
+        baseline, baseline_result: the plan to compare with, and its simulation, if one was given.
+        kept_baseline: no plan was predicted faster than the baseline by more than ``tolerance``,
+            so ``plan`` is the baseline itself.
+    """
+
+    plan: PipelinePlan
+    result: SimResult
+    engine: str
+    max_in_flight: int
+    exhaustive: bool
+    candidates: int
+    simulated: int
+    baseline: Optional[PipelinePlan] = None
+    baseline_result: Optional[SimResult] = None
+    kept_baseline: bool = False
+
+    @property
+    def speedup(self) -> Optional[float]:
+        """The baseline's predicted time over the suggestion's (None without a baseline)."""
+        if self.baseline_result is None:
+            return None
+        return self.baseline_result.seconds / self.result.seconds
+
+    def format_report(self) -> str:
+        """The suggestion as text: how it was found, its schedule, and the comparison with the baseline."""
+        from .plan_report import format_search
+
+        return format_search(self)
+
+    def print_report(self) -> None:
+        """Print ``format_report()``."""
+        print(self.format_report())
+
+
+def autoplan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRef, TaskRef]],
+             inter_iter_deps: Sequence[Tuple[TaskRef, TaskRef]], costs: Union[TaskCosts, Mapping[str, Any]], *,
+             max_in_flight: int, thread_groups: Optional[Sequence[str]] = None,
+             streams: Optional[Sequence[Optional[str]]] = None, engine: str = "clocked",
+             baseline: Optional[PipelinePlan] = None, report: bool = False, **options: Any) -> PipelinePlan:
+    """The plan with the best simulated throughput for these tasks, at most ``max_in_flight`` iterations alive.
+
+    Args:
+        tasks: the tasks (PipelineTask objects, which the plan will run, or names).
+        intra_iter_deps: ``(task, depends_on)`` pairs within one iteration.
+        inter_iter_deps: ``(task, depends_on)`` pairs: ``task`` at iteration i needs ``depends_on`` at i - 1.
+            Declare every dependency the tasks have: the planner may put any two tasks that
+            are not ordered by one on different threads, stages and streams.
+        costs: a ``TaskCosts`` or a dict of task name -> seconds.
+        max_in_flight: the most iterations alive at once (the depth for the clocked engine,
+            ``max_depth`` for the data-flow one).
+        thread_groups: the thread group names it may use (default: as many as there are tasks,
+            ``"default"`` first, then ``"g1"``, ``"g2"``, ...). The busiest group gets the first name.
+        streams: the stream names it may use (``None`` is the default stream). Default: on the CPU,
+            one stream per thread group (the default stream for ``"default"``); with device times,
+            streams are searched, ``None`` first, then ``"s1"``, ``"s2"``, ...
+        engine: ``"clocked"`` or ``"dataflow"``.
+        baseline: a plan to compare with (and to start the local search from).
+        report: print ``PlanSearch.format_report()``.
+        **options: ``num_iterations`` (simulated per candidate, default 60), ``tolerance`` (prefer a
+            simpler plan within this share of the best time, default 0.005), ``overheads``,
+            ``data_seconds``, ``jitter``, ``globally_ordered`` (task names), ``pinned`` (task -> the
+            thread group it must stay on), ``caller_thread_group``, ``cores``, ``exhaustive_limit``,
+            ``budget`` (simulations of the local search): see ``search_plan``.
+
+    Returns:
+        PipelinePlan: the suggested plan.
+
+    Raises:
+        TypeError, ValueError: an invalid argument (named in the message).
+    """
+    found = search_plan(tasks, intra_iter_deps, inter_iter_deps, costs, max_in_flight=max_in_flight,
+                        thread_groups=thread_groups, streams=streams, engine=engine, baseline=baseline, **options)
+    if report:
+        found.print_report()
+    return found.plan
+
+
+def search_plan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRef, TaskRef]],
+                inter_iter_deps: Sequence[Tuple[TaskRef, TaskRef]], costs: Union[TaskCosts, Mapping[str, Any]], *,
+                max_in_flight: int, thread_groups: Optional[Sequence[str]] = None,
+                streams: Optional[Sequence[Optional[str]]] = None, engine: str = "clocked",
+                baseline: Optional[PipelinePlan] = None, num_iterations: int = 60, tolerance: float = 0.005,
+                overheads: Optional[EngineOverheads] = None, data_seconds: float = 0.0, jitter: bool = True,
+                globally_ordered: Iterable[str] = (), exhaustive_limit: int = EXHAUSTIVE_LIMIT,
+                budget: int = LOCAL_BUDGET, pinned: Optional[Mapping[str, str]] = None,
+                caller_thread_group: Optional[str] = None, cores: Optional[int] = None) -> PlanSearch:
+    """``autoplan``, returning the whole ``PlanSearch`` (arguments as for ``autoplan``).
+
+    Args:
+        num_iterations: iterations simulated per candidate.
+        tolerance: among plans within this share of the fastest, the baseline is kept if it is
+            one of them, else the simplest is chosen (fewest iterations alive, thread groups,
+            streams); 0 for the fastest.
+        overheads, data_seconds, jitter: as for ``simulate``.
+        globally_ordered: names of tasks to keep globally ordered (also taken from ``baseline``).
+        exhaustive_limit: search exhaustively while the space holds at most this many candidates.
+        budget: the most candidates the local search simulates.
+        pinned: task name -> the thread group it must stay on (e.g. tasks that must run on the
+            thread that owns the model); the others are free.
+        caller_thread_group: simulate that group on the calling thread, as
+            ``SWPipeline(caller_thread_group=...)`` runs it (clocked engine).
+        cores: at most this many task functions run at once (as for ``simulate``): give it when the
+            process has fewer cores than the plan could keep busy, or its tasks hold the GIL.
+
+    Raises:
+        TypeError, ValueError: an invalid argument (named in the message).
+    """
+    from .plan_args import check_search_args
+
+    args = check_search_args(tasks, intra_iter_deps, inter_iter_deps, costs, max_in_flight, thread_groups, streams,
+                             engine, baseline, num_iterations, tolerance, overheads, globally_ordered,
+                             exhaustive_limit, budget, pinned or {}, caller_thread_group, cores)
+    space = args.space
+    thread_costs = [args.costs[name].thread_times(num_iterations, jitter) for name in space.graph.names]
+    device_costs = [args.costs[name].device_times(num_iterations, jitter) for name in space.graph.names]
+    scorer = Scorer(space, thread_costs, device_costs, engine, args.overheads, float(data_seconds))
+    scorer.tolerance = tolerance
+    candidates = count_candidates(space)
+    is_exhaustive = candidates <= exhaustive_limit
+    start = _encode(space, baseline) if baseline is not None else None
+    if is_exhaustive:
+        bounds = Bounds(space.graph, thread_costs, device_costs, args.overheads.unit,
+                        None if engine == "clocked" else max_in_flight, cores)
+        exhaustive(scorer, bounds, tolerance)
+    else:
+        local(scorer, starting_points(space, scorer, start), budget)
+    best = scorer.pick(tolerance, start)
+    kept = best == start
+    plan = baseline if kept and baseline is not None else scorer.plan(best)
+    live = None if engine == "clocked" else max_in_flight
+    result = simulate(plan, args.costs, num_iterations, engine, live, jitter=jitter, overheads=args.overheads,
+                      data_seconds=data_seconds, caller_thread_group=_caller(plan, caller_thread_group), cores=cores)
+    baseline_result = None
+    if baseline is not None:
+        baseline_live = None if engine == "clocked" else max(max_in_flight, baseline.depth)
+        baseline_result = simulate(baseline, args.costs, num_iterations, engine, baseline_live, jitter=jitter,
+                                   overheads=args.overheads, data_seconds=data_seconds,
+                                   caller_thread_group=_caller(baseline, caller_thread_group), cores=cores)
+    return PlanSearch(plan, result, engine, max_in_flight, is_exhaustive, candidates, len(scorer.cache), baseline,
+                      baseline_result, kept)
+
+
+def _caller(plan: PipelinePlan, group: Optional[str]) -> Optional[str]:
+    """``group`` if the plan has it (a plan with no task on it has nothing to run on the caller)."""
+    return group if any(s.thread_group == group for s in plan.schedules.values()) else None
+
+
+def _encode(space: Space, plan: PipelinePlan) -> Optional[Candidate]:
+    """A plan of the same tasks as a candidate (None if it does not fit the space)."""
+    names = space.graph.names
+    stages = tuple(plan.stage(n) for n in names)
+    groups = normalized([plan.schedules[n].thread_group for n in names])
+    streams = normalized([str(plan.schedules[n].stream) for n in names])
+    if max(stages) >= space.max_in_flight or max(groups) >= len(space.group_names):
+        return None
+    return (stages, groups, streams if space.search_streams else groups)

@@ -1,0 +1,83 @@
+"""Text reports of plans and of ``autoplan``'s search: a plan's schedule table, suggestion vs baseline."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, List, Optional, Sequence
+
+from ..plan import PipelinePlan
+from .sim_result import SimResult
+
+if TYPE_CHECKING:
+    from .autoplan import PlanSearch
+
+__all__: List[str] = []
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> List[str]:
+    widths = [max(len(c) for c in column) for column in zip(headers, *rows)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if k < left else c.rjust(w) for k, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return [line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
+
+
+def format_plan(plan: PipelinePlan) -> str:
+    """A plan as a table: each task's stage, thread group and stream, then its dependencies."""
+    rows = []
+    for name in plan.task_names:
+        s = plan.schedules[name]
+        stream = "default" if s.stream is None else str(s.stream)
+        rows.append([name, s.thread_group, stream, str(s.stage), "yes" if s.globally_ordered else ""])
+    lines = _table(["task", "thread", "stream", "stage", "globally ordered"], rows, left=3)
+    lines = [line.rstrip() for line in lines]
+    intra = [f"{t} <- {d}" for t in plan.task_names for d in plan.intra[t]]
+    inter = [f"{t} <- {d}(i-1)" for t in plan.task_names for d in plan.inter[t]]
+    if intra or inter:
+        lines.append("dependencies: " + ", ".join(intra + inter))
+    return "\n".join(lines)
+
+
+def _shape(plan: PipelinePlan) -> List[int]:
+    groups = {s.thread_group for s in plan.schedules.values()}
+    streams = {str(s.stream) for s in plan.schedules.values()}
+    return [plan.depth, len(groups), len(streams)]
+
+
+def _column(plan: PipelinePlan, result: SimResult) -> List[str]:
+    depth, groups, streams = _shape(plan)
+    return [f"{result.seconds_per_iteration * 1e3:.3f}", f"{result.steady_seconds_per_iteration * 1e3:.3f}",
+            f"{result.throughput:.1f}", str(result.peak_live_contexts), str(depth), str(groups), str(streams),
+            result.bottleneck]
+
+
+ROWS = ["ms/iteration (whole run)", "ms/iteration (steady)", "iterations/s", "live contexts (peak)", "depth",
+        "thread groups", "streams", "critical path mostly"]
+
+
+def format_comparison(columns: Sequence[str], plans: Sequence[PipelinePlan], results: Sequence[SimResult],
+                      speedup_over: Optional[int] = None) -> str:
+    """Side-by-side predictions of several plans (one column each)."""
+    values = [_column(p, r) for p, r in zip(plans, results)]
+    rows = [[label] + [v[k] for v in values] for k, label in enumerate(ROWS)]
+    if speedup_over is not None:
+        base = results[speedup_over].seconds
+        rows.append(["predicted speedup"] + [f"{base / r.seconds:.2f}x" for r in results])
+    return "\n".join(_table(["", *columns], rows, left=1))
+
+
+def format_search(search: "PlanSearch") -> str:
+    """``PlanSearch.format_report()``: how the plan was found, the comparison, the plan and its lanes."""
+    how = "exhaustive search" if search.exhaustive else "local search (the space is too large to try every plan)"
+    lines = [f"autoplan: {search.engine} engine, at most {search.max_in_flight} iterations alive; "
+             f"{search.simulated} of {search.candidates:,} candidate plans simulated ({how}), "
+             f"{search.result.num_iterations} iterations each", ""]
+    if search.baseline is not None and search.baseline_result is not None:
+        lines.append(format_comparison(["baseline", "suggested"], [search.baseline, search.plan],
+                                       [search.baseline_result, search.result], speedup_over=0))
+    else:
+        lines.append(format_comparison(["suggested"], [search.plan], [search.result]))
+    if search.kept_baseline:
+        lines += ["", "no plan is predicted faster than the baseline by more than the tolerance: keep it"]
+    lines += ["", "suggested plan:", format_plan(search.plan), "", search.result.format()]
+    return "\n".join(lines)

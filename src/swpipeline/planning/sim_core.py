@@ -1,0 +1,384 @@
+"""The simulator's event core: both engines' threads, run on paper with times.
+
+It follows ``Schedule.check`` (which runs the schedule on paper without times) and
+adds the clock. Each thread group is a FIFO of its units (``sim_model.unit_sequences``);
+the caller is a list of actions. A unit may be computed once everything it can wait
+for has a time; every wait is on something earlier in (period, submission position),
+so repeatedly advancing every thread as far as it can always finishes. A unit of
+task ``T`` at iteration ``i`` on thread group ``g``::
+
+    picked = free(g)                   if g was busy when the unit was handed out
+           = handed_out + wake         if g was idle (blocked on its queue)
+    t      = picked + unit             the engine's cost per unit
+    t      = max(t, end(D, i) + wake)  for each dependency D still running (then i - 1 for
+                                       inter-iteration ones), then each turn not yet come
+    start  = t;  end = t + cost(T, i)
+
+On an accelerator (the task has a device time) the thread only launches the work; the
+stream runs it after the stream's previous work and after the device work of the
+dependencies on other streams, and it ends no earlier than its launch::
+
+    device_start = max(start, stream free, device_end(D) for D on another stream)
+    device_end   = max(device_start + device_cost, end)
+
+The caller's actions, per engine (``clocked``: the period clock; ``dataflow``: top-ups)::
+
+    clocked    start threads | release P0 .. P{depth-1} | (run caller-group units, retire k,
+               release P{depth+k}) for k = 0 .. N-1 | stop threads
+    dataflow   start threads | top up | (retire k, top up) for k = 0 .. N-1 | stop threads
+
+A release fetches a batch (if any is left) and hands each group its units of the
+period; a top-up fetches batches while fewer than ``max_depth`` iterations are alive
+and hands out every unit whose iteration exists. Retiring waits for the iteration's
+last unit (+ wake). Every unit and caller action keeps what made it wait last
+(its *cause*), which is how the critical path is read back.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import List, Optional, Sequence, Tuple
+
+from .overheads import EngineOverheads
+from .sim_model import CompiledPlan, unit_sequences
+
+__all__: List[str] = []
+
+# causes: what a unit or caller action waited for last
+THREAD, RELEASE, DEP, TURN, CALLER, KNOWN, CORE = range(7)
+START, RELEASE_PERIOD, INLINE, RETIRE, TOPUP, END = range(6)
+
+
+class Simulation:
+    """One simulated run; read its arrays after ``run()`` (times in seconds from the start of ``run()``)."""
+
+    def __init__(self, compiled: CompiledPlan, thread_costs: Sequence[Sequence[float]],
+                 device_costs: Sequence[Optional[Sequence[float]]], num_iterations: int, engine: str,
+                 max_live: int, overheads: EngineOverheads, data_seconds: float, inline: Optional[int]) -> None:
+        self.c, self.N, self.engine, self.max_live = compiled, num_iterations, engine, max_live
+        self.o, self.data_seconds, self.inline = overheads, data_seconds, inline
+        self.costs, self.device_costs = thread_costs, device_costs
+        self.device = any(d is not None for d in device_costs)
+        n = self.n = compiled.n
+        size = n * num_iterations
+        self.start, self.end, self.picked = [-1.0] * size, [-1.0] * size, [-1.0] * size
+        self.dev_start, self.dev_end = ([-1.0] * size, [-1.0] * size) if self.device else ([], [])
+        self.cause, self.cause_ref = [0] * size, [0] * size
+        self.seq = unit_sequences(compiled, num_iterations)
+        groups = len(compiled.groups)
+        self.head, self.handed, self.free = [0] * groups, [0] * groups, [0.0] * groups
+        self.last_unit = [-1] * groups  # the key of the group's previous unit
+        self.batches: List[List[Tuple[int, float, int]]] = [[] for _ in range(groups)]  # (count, time, action)
+        self.bptr = [0] * groups
+        self.line_ptr, self.line_end = [0] * compiled.num_lines, [0.0] * compiled.num_lines
+        self.stream_free = [0.0] * len(compiled.streams)
+        self.remaining, self.iter_end = [n] * num_iterations, [0.0] * num_iterations
+        self.iter_last = [-1] * num_iterations
+        self.created_at, self.retired_at = [0.0] * num_iterations, [0.0] * num_iterations
+        self.known_at: List[float] = []  # data-flow: when each period's turns were numbered
+        self.known_by: List[int] = []  # ... and by which caller action
+        self.actions = self._caller_actions()
+        self.action_time: List[Tuple[float, float]] = []  # (start, end) of each caller action done
+        self.action_cause: List[Tuple[int, int]] = []
+        self.pc, self.t = 0, 0.0  # the caller's next action and its clock
+        self.inline_mark: Tuple[int, int, float] = (-1, -1, 0.0)  # (action, group's last unit, time) at its start
+        self.created = self.retired = 0
+        self.final: Optional[float] = None  # data-flow: when the end of the data was seen
+        self.limit, self.stopped = float("inf"), False  # see run()
+
+    # -- the caller ---------------------------------------------------------------------------------
+
+    def _caller_actions(self) -> List[Tuple[int, int]]:
+        N, depth = self.N, self.c.depth
+        acts = [(START, 0)]
+        if self.engine == "clocked":
+            acts += [(RELEASE_PERIOD, p) for p in range(depth)]
+            for k in range(N):
+                if self.inline is not None:
+                    acts.append((INLINE, 0))
+                acts += [(RETIRE, k), (RELEASE_PERIOD, depth + k)]
+        else:
+            acts.append((TOPUP, 0))
+            for k in range(N):
+                acts += [(RETIRE, k), (TOPUP, 0)]
+        acts.append((END, 0))
+        return acts
+
+    def run(self, cores: Optional[int] = None, limit: float = float("inf")) -> None:
+        """Advance every thread and the caller until the run ends (``cores``: see ``_run_in_time_order``).
+
+        With a ``limit``, stop as soon as the caller's clock passes it (the run cannot end
+        sooner): ``total`` is then infinite. Searches use it to drop hopeless candidates early.
+        """
+        self.limit = limit
+        if cores is not None:
+            self._run_in_time_order(cores)
+            return
+        groups = [g for g in range(len(self.c.groups)) if g != self.inline]
+        last = len(self.actions)
+        while self.pc < last:
+            if self.t > limit:
+                self.stopped = True
+                return
+            moved = False
+            for g in groups:
+                if self.head[g] < self.handed[g] and self._advance_group(g, self.free[g], False):
+                    moved = True
+            if self._advance_caller():
+                moved = True
+            if not moved:  # unreachable for a plan the engines accept; kept as a guard
+                raise RuntimeError(f"the simulation got stuck at caller action {self.actions[self.pc]}; "
+                                   f"this is a bug in the simulator, please report it with the plan")
+
+    def _advance_caller(self) -> bool:
+        moved = False
+        while self.pc < len(self.actions) and self._step_caller(True):
+            moved = True
+        return moved
+
+    def _step_caller(self, run_inline: bool) -> bool:
+        """Do the caller's next action if it can be done now; returns whether it was.
+
+        ``run_inline``: an INLINE action runs the caller's own units itself (else they are
+        computed one at a time by ``_run_in_time_order`` and the action only ends them).
+        """
+        o = self.o
+        kind, arg = self.actions[self.pc]
+        begin, cause = self.t, (CALLER, self.pc - 1)
+        if kind == START:
+            self.t += o.thread_start * (len(self.c.groups) - (self.inline is not None))
+        elif kind == RELEASE_PERIOD:
+            self._release_period(arg)
+        elif kind == INLINE:
+            g = -1 if self.inline is None else self.inline
+            if self.inline_mark[0] != self.pc:  # entering the action (it may take several calls)
+                self.inline_mark = (self.pc, self.last_unit[g], self.t)
+            if run_inline and self.head[g] < self.handed[g]:
+                self._advance_group(g, self.t, True)
+            if self.head[g] < self.handed[g]:
+                return False
+            begin = self.inline_mark[2]
+            if self.last_unit[g] != self.inline_mark[1]:  # it ends with its last unit
+                cause = (THREAD, self.last_unit[g])
+        elif kind == RETIRE:
+            if self.remaining[arg] > 0:
+                return False
+            if self.iter_end[arg] > self.t:
+                self.t, cause = self.iter_end[arg] + o.wake, (DEP, self.iter_last[arg])
+            self.t += o.retire
+            self.retired_at[arg], self.retired = self.t, self.retired + 1
+        elif kind == TOPUP:
+            self._top_up()
+        else:
+            self.t += o.thread_stop * (len(self.c.groups) - (self.inline is not None))
+        self.action_time.append((begin, self.t))
+        self.action_cause.append(cause)
+        self.pc += 1
+        return True
+
+    def _caller_due(self) -> Optional[float]:
+        """When the caller's next action would start (None while it cannot)."""
+        kind, arg = self.actions[self.pc]
+        if kind == RETIRE:
+            if self.remaining[arg] > 0:
+                return None
+            return max(self.t, self.iter_end[arg] + self.o.wake)
+        return self.t
+
+    def _run_in_time_order(self, cores: int) -> None:
+        """``run()`` with at most ``cores`` task functions running at once: units take a free core in the
+        order they become ready (a unit that finds none waits for the first to be freed)."""
+        free_cores = [(0.0, -1)] * cores  # (free from, the unit that held it), a heap
+        workers = [g for g in range(len(self.c.groups)) if g != self.inline]
+        while self.pc < len(self.actions):
+            if self.t > self.limit:
+                self.stopped = True
+                return
+            best: Optional[Tuple[float, int, Tuple[float, float, int, int]]] = None
+            inline_turn = self.actions[self.pc][0] == INLINE and self.inline is not None
+            for g in workers + ([self.inline] if inline_turn and self.inline is not None else []):
+                if self.head[g] < self.handed[g]:
+                    ready = self._ready(g, self.t if g == self.inline else self.free[g], g == self.inline)
+                    if ready is not None and (best is None or ready[0] < best[0]):
+                        best = (ready[0], g, ready)
+            due = self._caller_due()
+            if due is not None and (best is None or due <= best[0]):
+                if self._step_caller(False):
+                    continue
+            if best is None:
+                raise RuntimeError(f"the simulation got stuck at caller action {self.actions[self.pc]}; "
+                                   f"this is a bug in the simulator, please report it with the plan")
+            _, g, (t, picked, why, ref) = best
+            core_free, holder = free_cores[0]
+            if core_free > t:
+                t, why, ref = core_free, CORE, holder
+            h = self.head[g]
+            key = self.seq.iters[g][h] * self.c.n + self.seq.tasks[g][h]
+            heapq.heapreplace(free_cores, (self._commit(g, g == self.inline, t, picked, why, ref), key))
+
+    def _fetch(self) -> None:
+        it = self.created
+        self.t += self.o.period + self.data_seconds
+        self.created_at[it], self.created = self.t, it + 1
+
+    def _release_period(self, period: int) -> None:
+        """Clocked: fetch the batch entering ``period`` (if any is left), hand each group its units of it."""
+        if period < self.N:
+            self._fetch()
+        else:
+            self.t += self.o.period  # a period without a new batch: handing out its units
+        for g, periods in enumerate(self.seq.periods):
+            h = self.handed[g]
+            while h < len(periods) and periods[h] == period:
+                h += 1
+            if h > self.handed[g]:
+                self.handed[g] = h
+                self.batches[g].append((h, self.t, self.pc))
+
+    def _top_up(self) -> None:
+        """Data-flow: fetch while fewer than max_depth iterations are alive, number the known periods' turns,
+        hand out every unit whose iteration exists."""
+        fetched = 0
+        while self.created - self.retired < self.max_live and self.final is None:
+            if self.created < self.N:
+                self._fetch()
+                fetched += 1
+            else:
+                self.final = self.t
+        if not fetched:
+            self.t += self.o.period  # handing out without a new batch
+        last = self.created - 1 if self.final is None else self.N + self.c.depth - 2
+        while len(self.known_at) <= last:
+            self.known_at.append(self.t)
+            self.known_by.append(self.pc)
+        published, ended = self.created, self.final is not None
+        for g, gate in enumerate(self.seq.gate):
+            h = self.handed[g]
+            if ended:
+                h = len(gate)
+            else:
+                while h < len(gate) and gate[h] < published:
+                    h += 1
+            if h > self.handed[g]:
+                self.handed[g] = h
+                self.batches[g].append((h, self.t, self.pc))
+
+    # -- the threads ---------------------------------------------------------------------------------
+
+    def _advance_group(self, g: int, free: float, inline: bool) -> bool:
+        """Compute group ``g``'s units in order while they can be; returns whether one was.
+
+        ``free`` is when the thread is free: its last unit's end, or the caller's clock for
+        the caller's own group (``inline``), whose units are never waited for in a queue.
+        """
+        moved = False
+        while self.head[g] < self.handed[g]:
+            ready = self._ready(g, free, inline)
+            if ready is None:
+                break
+            free = self._commit(g, inline, *ready)
+            moved = True
+        return moved
+
+    def _ready(self, g: int, free: float, inline: bool) -> Optional[Tuple[float, float, int, int]]:
+        """When group ``g``'s next unit can start: ``(start, picked, cause, cause_ref)``, or None while something
+        it waits for has no time yet (see the module docstring)."""
+        c, wake, n = self.c, self.o.wake, self.n
+        h, end = self.head[g], self.end
+        task, it = self.seq.tasks[g][h], self.seq.iters[g][h]
+        batches, bptr = self.batches[g], self.bptr[g]
+        while batches[bptr][0] <= h:
+            bptr += 1
+        self.bptr[g] = bptr
+        released = batches[bptr][1]
+        if inline:  # the caller runs it: after its previous unit, or after the caller's last action
+            prev = self.last_unit[g]
+            t, why, ref = (free, THREAD, prev) if prev >= 0 and end[prev] == free else (free, CALLER, self.pc - 1)
+        elif free >= released:
+            t, why, ref = free, THREAD, self.last_unit[g]
+        else:
+            t, why, ref = released + wake, RELEASE, batches[bptr][2]
+        t += self.o.unit
+        picked, base = t, it * n
+        for d in c.intra[task]:
+            e = end[base + d]
+            if e < 0:
+                return None
+            if e > t:
+                t, why, ref = e + wake, DEP, base + d
+        if it > 0:
+            for d in c.inter[task]:
+                e = end[base - n + d]
+                if e < 0:
+                    return None
+                if e > t:
+                    t, why, ref = e + wake, DEP, base - n + d
+        task_lines = c.lines_of[task]
+        if task_lines:
+            lines, key = self.seq.lines, base + task
+            if any(lines[line][self.line_ptr[line]] != key for line in task_lines):
+                return None
+            if self.engine == "dataflow":  # the unit's number exists once its period is known
+                period, known = self.seq.periods[g][h], self.known_at
+                if period >= len(known):
+                    return None
+                if known[period] > t:
+                    t, why, ref = known[period] + wake, KNOWN, self.known_by[period]
+            for line in task_lines:
+                ptr = self.line_ptr[line]
+                if ptr > 0 and self.line_end[line] > t:
+                    t, why, ref = self.line_end[line] + wake, TURN, lines[line][ptr - 1]
+        return t, picked, why, ref
+
+    def _commit(self, g: int, inline: bool, t: float, picked: float, why: int, ref: int) -> float:
+        """Record group ``g``'s next unit as starting at ``t``; returns its end."""
+        h = self.head[g]
+        task, it = self.seq.tasks[g][h], self.seq.iters[g][h]
+        key = it * self.n + task
+        finish = t + self.costs[task][it]
+        self.start[key], self.end[key], self.picked[key] = t, finish, picked
+        self.cause[key], self.cause_ref[key] = why, ref
+        for line in self.c.lines_of[task]:
+            self.line_ptr[line] += 1
+            self.line_end[line] = finish
+        if self.device:
+            self._run_on_device(task, it, t, finish)
+        if inline:
+            self.t = finish
+        else:
+            self.free[g] = finish
+        self.last_unit[g] = key
+        self.remaining[it] -= 1
+        if finish >= self.iter_end[it]:
+            self.iter_end[it], self.iter_last[it] = finish, key
+        self.head[g] = h + 1
+        return finish
+
+    def _run_on_device(self, task: int, it: int, launched: float, launch_end: float) -> None:
+        """The task's device work on its stream (see the module docstring); host-only tasks end at launch end."""
+        c, n = self.c, self.c.n
+        key = it * n + task
+        costs = self.device_costs[task]
+        if costs is None:
+            self.dev_start[key], self.dev_end[key] = launched, launch_end
+            return
+        stream = c.stream_of[task]
+        begin = max(launched, self.stream_free[stream])
+        for d in c.intra[task]:
+            if c.stream_of[d] != stream:
+                begin = max(begin, self.dev_end[it * n + d])
+        if it > 0:
+            for d in c.inter[task]:
+                if c.stream_of[d] != stream:
+                    begin = max(begin, self.dev_end[(it - 1) * n + d])
+        finish = max(begin + costs[it], launch_end)
+        self.dev_start[key], self.dev_end[key] = begin, finish
+        self.stream_free[stream] = finish
+
+    @property
+    def total(self) -> float:
+        """The run's wall time: the caller's end, or the device's if it finishes later (the run synchronizes)."""
+        if self.stopped:
+            return float("inf")
+        last_device = max(self.dev_end) if self.device and self.dev_end else 0.0
+        return max(self.t, last_device)

@@ -1,0 +1,147 @@
+"""A plan compiled for the simulator: the engine's own schedule, as flat arrays.
+
+The schedule is not re-derived here: ``compile_plan`` builds it exactly as a pipeline
+does (``runtime.build_tasks`` on a CPU device, then ``Schedule.build``), so the
+simulated submission order, each thread group's slots and the turns are the ones
+the engines run. What is added is only what the simulator needs to go fast: per
+thread group the sequence of its units for ``N`` iterations, per turn line (the
+sequencer, and each stream shared by thread groups) the order its units take turns.
+
+Unit order, the same for both engines (periods are virtual for the data-flow engine)::
+
+    period p, slot k  ->  iteration p - stage(k)      keep 0 <= iteration < N
+    group g's units   =   (p, k) for p = 0, 1, ...; k over g's slots in submission order
+    a turn line's     =   (p, k) for p = 0, 1, ...; k over the line's slots in submission order
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from .. import ordering
+from ..device import CPUDevice
+from ..plan import PipelinePlan
+from ..runtime import build_tasks
+from ..schedule import Schedule
+
+__all__: List[str] = []
+
+
+@dataclass(frozen=True)
+class CompiledPlan:
+    """The plan's schedule as the simulator reads it (task indices are plan order)."""
+
+    plan: PipelinePlan
+    schedule: Schedule
+    names: Tuple[str, ...]
+    depth: int
+    groups: Tuple[str, ...]  # thread groups, in the order the engines hand out work
+    group_of: Tuple[int, ...]  # task -> group index
+    stream_of: Tuple[int, ...]  # task -> stream index
+    streams: Tuple[str, ...]  # stream labels
+    intra: Tuple[Tuple[int, ...], ...]  # task -> its intra-iteration dependencies
+    inter: Tuple[Tuple[int, ...], ...]  # task -> its inter-iteration dependencies (iteration i - 1)
+    lines_of: Tuple[Tuple[int, ...], ...]  # task -> the turn lines it takes turns on
+    num_lines: int
+    serial_order: Tuple[int, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.names)
+
+
+def compile_plan(plan: PipelinePlan) -> CompiledPlan:
+    """The schedule of ``plan`` as the engines build it.
+
+    Raises:
+        ValueError: the plan breaks a stage rule.
+    """
+    ordering.validate_stages(plan)
+    tasks = build_tasks(plan, CPUDevice())
+    schedule = Schedule.build(plan, {t.name: t.stream_label for t in tasks}, {t.name: t.stream for t in tasks})
+    groups = tuple(schedule.group_slots())
+    group_index = {g: k for k, g in enumerate(groups)}
+    stream_ids: Dict[int, int] = {}
+    labels: List[str] = []
+    stream_of = []
+    for t in tasks:
+        if id(t.stream) not in stream_ids:
+            stream_ids[id(t.stream)] = len(labels)
+            labels.append(t.stream_label)
+        stream_of.append(stream_ids[id(t.stream)])
+    line_ids: Dict[object, int] = {}
+    lines_of: List[Tuple[int, ...]] = [() for _ in tasks]
+    for slot in schedule.slots:
+        keys = ((("sequencer",),) if slot.ordered else ()) + ((("stream", slot.stream_key),) if slot.shares_stream
+                                                                else ())
+        lines_of[slot.index] = tuple(line_ids.setdefault(key, len(line_ids)) for key in keys)
+    index = {name: k for k, name in enumerate(plan.task_names)}
+    return CompiledPlan(
+        plan=plan, schedule=schedule, names=tuple(plan.task_names), depth=schedule.depth, groups=groups,
+        group_of=tuple(group_index[t.group] for t in tasks), stream_of=tuple(stream_of), streams=tuple(labels),
+        intra=tuple(tuple(index[d] for d in plan.intra[n]) for n in plan.task_names),
+        inter=tuple(tuple(index[d] for d in plan.inter[n]) for n in plan.task_names),
+        lines_of=tuple(lines_of), num_lines=len(line_ids),
+        serial_order=tuple(index[n] for n in ordering.serial_order(plan)))
+
+
+@dataclass
+class UnitSequences:
+    """Each thread group's units for ``N`` iterations, and each turn line's order.
+
+    ``tasks[g][h]``, ``iters[g][h]``, ``periods[g][h]``: the ``h``-th unit of group ``g``.
+    ``gate[g][h]``: the highest iteration the data-flow engine's hand-out cursor must
+    see published before it passes unit ``h`` (the unit's own, or that of a unit of an
+    iteration >= N just before it, which holds the cursor until the data is known to end).
+    ``lines[l]``: the units of turn line ``l`` as ``iteration * n + task``, in turn order.
+    """
+
+    tasks: List[List[int]]
+    iters: List[List[int]]
+    periods: List[List[int]]
+    gate: List[List[int]]
+    lines: List[List[int]]
+
+
+def unit_sequences(compiled: CompiledPlan, num_iterations: int) -> UnitSequences:
+    """The units of ``num_iterations`` iterations, per thread group and per turn line (see the module docstring)."""
+    n, groups = compiled.n, len(compiled.groups)
+    tasks: List[List[int]] = [[] for _ in range(groups)]
+    iters: List[List[int]] = [[] for _ in range(groups)]
+    periods: List[List[int]] = [[] for _ in range(groups)]
+    gate: List[List[int]] = [[] for _ in range(groups)]
+    pending_gate: List[int] = [-1] * groups
+    lines: List[List[int]] = [[] for _ in range(compiled.num_lines)]
+    slots = [(s.index, s.stage, compiled.group_of[s.index], compiled.lines_of[s.index])
+             for s in compiled.schedule.slots]
+    for period in range(num_iterations + compiled.depth - 1):
+        for task, stage, group, task_lines in slots:
+            it = period - stage
+            if it < 0:
+                continue
+            if it >= num_iterations:
+                pending_gate[group] = max(pending_gate[group], it)
+                continue
+            tasks[group].append(task)
+            iters[group].append(it)
+            periods[group].append(period)
+            gate[group].append(max(it, pending_gate[group]))
+            pending_gate[group] = -1
+            for line in task_lines:
+                lines[line].append(it * n + task)
+    return UnitSequences(tasks, iters, periods, gate, lines)
+
+
+def group_index(compiled: CompiledPlan, group: Optional[str]) -> Optional[int]:
+    """The index of thread group ``group`` (None for None).
+
+    Raises:
+        ValueError: ``group`` is not a thread group of the plan.
+    """
+    if group is None:
+        return None
+    if group not in compiled.groups:
+        raise ValueError(f"caller_thread_group={group!r} is not a thread group of the plan (its groups: "
+                         f"{list(compiled.groups)})")
+    return compiled.groups.index(group)
