@@ -121,8 +121,10 @@ def test_a_real_traced_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     SWPipeline(plan, device="cpu").run(range(12), trace=str(path))
     out = run_cli(["plan", str(path)], capsys)
     assert out[0].startswith(f"trace {path}: SWPipeline on cpu, 12 iterations in ")
-    assert out[1].startswith("dependencies rebuilt from the trace")
+    assert out[1] == "dependencies as declared in the trace"  # a traced run writes its plan's
     assert out[-1].startswith("predicted speedup")
+    data = json.loads(path.read_text())
+    assert data["otherData"]["plan"] == {"intra": [["S10", "S5"]], "inter": [], "globally_ordered": []}
 
 
 @pytest.mark.parametrize("content, message", [

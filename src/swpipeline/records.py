@@ -86,6 +86,9 @@ class TimelineData:
         tasks: task names in serial (topological) order.
         thread_groups: thread group names, in order of first appearance in the plan.
         streams: stream labels, in order of first appearance in the plan.
+        intra_deps, inter_deps: the plan's dependencies as ``(task, depends_on)`` pairs, and
+        globally_ordered: its globally ordered tasks; None where unknown (a timeline read
+        from a trace that does not carry them).
     """
 
     engine: str
@@ -96,6 +99,9 @@ class TimelineData:
     tasks: Tuple[str, ...]
     thread_groups: Tuple[str, ...]
     streams: Tuple[str, ...]
+    intra_deps: Optional[Tuple[Tuple[str, str], ...]] = None
+    inter_deps: Optional[Tuple[Tuple[str, str], ...]] = None
+    globally_ordered: Optional[Tuple[str, ...]] = None
 
     @property
     def num_iterations(self) -> int:

@@ -222,7 +222,10 @@ class Recorder:
             engine=self._engine, device=self._device, origin=origin, wall=max(wall, last_end),
             records=tuple(records),
             tasks=self._serial_order, thread_groups=tuple(dict.fromkeys(t.group for t in self._tasks)),
-            streams=tuple(dict.fromkeys(t.stream_label for t in self._tasks)))
+            streams=tuple(dict.fromkeys(t.stream_label for t in self._tasks)),
+            intra_deps=tuple((t.name, names[d]) for t in self._tasks for d, _ in t.intra_deps),
+            inter_deps=tuple((t.name, names[d]) for t in self._tasks for d, _ in t.inter_deps),
+            globally_ordered=tuple(t.name for t in self._tasks if t.globally_ordered))
         self._cached = ((len(raw), self._closed_at), timeline)
         return timeline
 

@@ -81,12 +81,17 @@ def chrome_trace(timeline: "Timeline") -> Dict[str, Any]:
                                 track, args))
         else:
             events.append(_span(record.task, "task", record.cpu_start, record.cpu_end, STREAMS_PID, track, args))
-    return {
+    trace: Dict[str, Any] = {
         "traceEvents": events,
         "displayTimeUnit": "ms",
         "otherData": {"engine": timeline.engine, "device": timeline.device,
                       "iterations": timeline.num_iterations, "wall_ms": round(timeline.wall * 1e3, 3)},
     }
+    if timeline.intra_deps is not None and timeline.inter_deps is not None:  # the plan's, when known
+        trace["otherData"]["plan"] = {"intra": [list(p) for p in timeline.intra_deps],
+                                      "inter": [list(p) for p in timeline.inter_deps],
+                                      "globally_ordered": list(timeline.globally_ordered or ())}
+    return trace
 
 
 def write_chrome_trace(timeline: "Timeline", path: "PathLike") -> None:

@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", metavar="TRACE.json", help="a trace written by pipe.run(data, trace='run.json')")
     parser.add_argument("--plan", metavar="MODULE:NAME", default=None,
                         help="the PipelinePlan that ran (or a function returning it), for its exact dependencies; "
-                             "without it they are rebuilt from the trace, keeping each thread's order")
+                             "for a trace that does not carry them (run(trace=...) writes them); otherwise they "
+                             "are rebuilt from the trace, keeping each thread's order")
     parser.add_argument("--max-in-flight", type=int, default=None, metavar="N",
                         help="most iterations alive in the suggestion (default: as in the traced run)")
     parser.add_argument("--engine", choices=["clocked", "dataflow"], default=None,
