@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from .tables import text_table as _table
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Sequence, Tuple
@@ -139,17 +140,6 @@ def _idle_fractions(spans: Mapping[str, Sequence[Tuple[float, float]]], wall: fl
     """Lane -> fraction of ``wall`` not covered by the lane's spans (read-only)."""
     return MappingProxyType({lane: max(0.0, 1.0 - busy_time(s) / wall) if wall > 0 else 0.0
                              for lane, s in spans.items()})
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int) -> List[str]:
-    """A plain-text table: the first ``left`` columns left-aligned, the others right-aligned."""
-    widths = [max(len(c) for c in column) for column in zip(headers, *rows)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) if k < left else c.rjust(w)
-                         for k, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    return [line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
 
 
 def format_stats(stats: RunStats) -> str:

@@ -1,4 +1,4 @@
-"""Plain-text tables: the period schedule and the stage analysis."""
+"""Plain-text tables: the period schedule, the stage analysis, and aligned columns for any report."""
 
 from __future__ import annotations
 
@@ -65,3 +65,14 @@ def format_stage_analysis(rows: Sequence[Tuple[str, int, int, str]], chain: Sequ
         out.append(f"\u2717 LDS < depth: {depth - lds} stage(s) hold a batch in flight without separating a "
                    f"producer from its consumer; a depth of {lds} gives the same dependency structure")
     return "\n".join(out)
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> List[str]:
+    """A plain-text table's lines: the first ``left`` columns left-aligned, the others right-aligned."""
+    widths = [max(len(c) for c in column) for column in zip(headers, *rows)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if k < left else c.rjust(w)
+                         for k, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return [line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]

@@ -6,20 +6,12 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 
 from ..plan import PipelinePlan
 from .sim_result import SimResult
+from ..tables import text_table as _table
 
 if TYPE_CHECKING:
     from .autoplan import PlanSearch
 
 __all__: List[str] = []
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> List[str]:
-    widths = [max(len(c) for c in column) for column in zip(headers, *rows)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) if k < left else c.rjust(w) for k, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    return [line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
 
 
 def format_plan(plan: PipelinePlan) -> str:
