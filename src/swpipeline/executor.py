@@ -73,6 +73,22 @@ def make_unit_runner(board: "CompletionBoard", device: Device, launch: Callable[
         else:
             call()
 
+    def launch_and_more(task: TaskRuntime, ctx: IterContext, i: int) -> None:
+        """Launch in turns if it takes them; then keep-alive, early frees, its event (each only if needed)."""
+        keep = task.keep_for
+        if keep:
+            before = dict(vars(ctx))
+        if task.turns is None and task.stream_turns is None:
+            launch(task, ctx)
+        else:
+            in_turns(task, ctx, i)
+        if keep:
+            keep_written(device, vars(ctx), before, keep)
+        if free is not None:
+            free(task.index, ctx)
+        if task.events is not None:
+            device.record(task.events[i % slots], task.stream)
+
     def run_unit(task: TaskRuntime, ctx: IterContext, period: Optional[int]) -> None:
         i = ctx.iter_idx
         stream = task.stream
@@ -87,19 +103,10 @@ def make_unit_runner(board: "CompletionBoard", device: Device, launch: Callable[
                     wait_task(dep, i - 1, timeout, task.name, i)
                 if dep_events is not None:
                     device.wait(stream, dep_events[(i - 1) % slots])
-        keep = task.keep_for
-        if keep:
-            before = dict(vars(ctx))
-        if task.turns is None and task.stream_turns is None:
+        if task.plain and free is None:
             launch(task, ctx)
         else:
-            in_turns(task, ctx, i)
-        if keep:
-            keep_written(device, vars(ctx), before, keep)
-        if free is not None:
-            free(task.index, ctx)
-        if task.events is not None:
-            device.record(task.events[i % slots], stream)
+            launch_and_more(task, ctx, i)
         complete(task.index, i)
         if after_complete is not None:
             after_complete(task, i)

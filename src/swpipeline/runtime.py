@@ -25,7 +25,7 @@ class TaskRuntime:
 
     __slots__ = ("name", "index", "task", "stage", "group", "stream", "stream_label", "globally_ordered",
                  "shares_stream", "intra", "inter", "intra_deps", "inter_deps", "needs_events", "events",
-                 "waits_at_retire", "exec_fn", "turns", "stream_turns", "consumers", "keep_for")
+                 "waits_at_retire", "exec_fn", "turns", "stream_turns", "consumers", "keep_for", "plain")
 
     def __init__(self, index: int, task: PipelineTask, stage: int, group: str, stream: Any,
                  stream_label: str, globally_ordered: bool) -> None:
@@ -52,6 +52,7 @@ class TaskRuntime:
         self.turns: Optional[Turns] = None  # the run's sequencer, if globally ordered
         self.stream_turns: Optional[Turns] = None  # the run's turns on its stream, if it shares the stream
         self.keep_for: Tuple[Any, ...] = ()  # streams its context tensors are kept alive for (lifetime.py)
+        self.plain = True  # no turns, no keep-alive, no event: a unit only launches (bind_run sets it)
 
     def __repr__(self) -> str:
         return f"<task {self.name} stage={self.stage} group={self.group} stream={self.stream_label}>"
@@ -133,6 +134,7 @@ def bind_run(tasks: List[TaskRuntime], device: Device, event_slots: int, default
     for t in bound:
         t.intra = [(d, bound[d].events if cross else None) for d, cross in t.intra_deps]
         t.inter = [(d, bound[d].events if cross else None) for d, cross in t.inter_deps]
+        t.plain = t.turns is None and t.stream_turns is None and not t.keep_for and t.events is None
     return bound
 
 
