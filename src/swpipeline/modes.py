@@ -46,11 +46,15 @@ class Modes:
     @classmethod
     def capture(cls, device_types: Sequence[str]) -> Optional["Modes"]:
         """The calling thread's modes, or None when they are a fresh thread's (nothing to carry)."""
-        grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+        any_autocast = _any_autocast()
+        grad = torch.is_grad_enabled()
+        if grad and not any_autocast:  # the common case (inference mode turns grad off)
+            return None
         autocast: Tuple[Autocast, ...] = ()
-        if _any_autocast():
+        if any_autocast:
             autocast = tuple((kind, torch.get_autocast_dtype(kind)) for kind in device_types
                              if torch.is_autocast_enabled(kind))
+        inference = torch.is_inference_mode_enabled()
         if grad and not inference and not autocast:
             return None
         return cls(grad, inference, autocast, torch.is_autocast_cache_enabled())
