@@ -180,6 +180,18 @@ def test_other_pooling_modes_equal_the_whole_table(mode: str) -> None:
     assert torch.equal(emb(model).full_weight(), ref.weight)
 
 
+def trains_like_the_whole_table(pipe: EmbCacheTrainPipeline, batches: List[Batch], model: Any,
+                                ref: Any, ref_opt: torch.optim.Optimizer) -> None:
+    """Every output of the pipelined run, and the final table, equal the whole-table model's, step by step."""
+    for batch, output in zip(batches, pipe.run(batches)):
+        ref_opt.zero_grad()
+        loss, logits = ref(batch)
+        loss.backward()
+        ref_opt.step()
+        assert torch.equal(output, logits.detach())
+    assert torch.equal(emb(model).full_weight(), ref.emb.weight.detach())
+
+
 def test_fixed_size_bags_as_a_2d_input() -> None:
     class Fixed(Model):
         def forward(self, batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -196,13 +208,7 @@ def test_fixed_size_bags_as_a_2d_input() -> None:
     model = Fixed(HostEmbeddingBag(N, D, cache_rows=70, lr=LR_EMB))
     pipe = EmbCacheTrainPipeline(model, torch.optim.SGD(model.top.parameters(), lr=LR_EMB), "cpu",
                                  ids_of=lambda b: {"emb": (b["ids"].view(-1, 3), None)})
-    for batch, output in zip(batches, pipe.run(batches)):
-        ref_opt.zero_grad()
-        loss, logits = ref(batch)
-        loss.backward()
-        ref_opt.step()
-        assert torch.equal(output, logits.detach())
-    assert torch.equal(emb(model).full_weight(), ref.emb.weight.detach())
+    trains_like_the_whole_table(pipe, batches, model, ref, ref_opt)
 
 
 def test_per_sample_weights_equal_the_whole_table() -> None:
@@ -221,13 +227,7 @@ def test_per_sample_weights_equal_the_whole_table() -> None:
     torch.manual_seed(1)
     model = Weighted(HostEmbeddingBag(N, D, cache_rows=pair_working_set(batches), optimizer="adagrad", lr=LR_EMB))
     pipe = EmbCacheTrainPipeline(model, torch.optim.Adagrad(model.top.parameters(), lr=LR_EMB), "cpu", ids_of=ids_of)
-    for batch, output in zip(batches, pipe.run(batches)):
-        ref_opt.zero_grad()
-        loss, logits = ref(batch)
-        loss.backward()
-        ref_opt.step()
-        assert torch.equal(output, logits.detach())
-    assert torch.equal(emb(model).full_weight(), ref.emb.weight.detach())
+    trains_like_the_whole_table(pipe, batches, model, ref, ref_opt)
 
 
 def test_the_public_names() -> None:
