@@ -33,7 +33,7 @@ from . import ordering, shutdown
 from .analysis.races import RaceChecker
 from .analysis.report import PlanAnalysis
 from .annotations import resolve_emit_nvtx
-from .device import Device, DeviceSpec, resolve_device
+from .device import DeviceSpec, resolve_device
 from .driving import DriverSeat, UnitOn, driving
 from .executor import AfterComplete, make_launch, make_unit_runner, traced
 from .lifetime import EarlyFree, attribute_uses
@@ -41,12 +41,13 @@ from .modes import Modes, device_types
 from .plan import IterContext, PipelinePlan
 from .progress_line import ProgressLine, len_or_none
 from .run import ABANDONED, FAILED, FINISHED, Run, Stragglers
-from .runtime import bind_run, build_tasks
+from .runtime import bind_run, build_tasks, run_default_stream
 from .schedule import Schedule
 from .serial import SerialBaseline
 from .shortcut import ShortcutSettings, ShortcutTable
 from .timeline import parse_trace
 from .tracing import Tracing
+from .worker import enter_worker_thread
 
 __all__: List[str] = []
 
@@ -71,15 +72,6 @@ def _seconds(name: str, value: object) -> float:
     if value <= 0:
         raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
     return float(value)
-
-
-def _enter_worker_thread(torch_threads: int, device: Device, worker_init: Optional[Callable[[str], None]],
-                         group: str) -> None:
-    # Torch's intra-op thread count is per OS thread: give workers the caller's setting.
-    torch.set_num_threads(torch_threads)
-    device.enter_thread()
-    if worker_init is not None:
-        worker_init(group)
 
 
 class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
@@ -129,7 +121,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
 
     def _start_run(self, data_iter: Iterator[Any]) -> None:
         self._stragglers.check(self.join_timeout)
-        default = self._caller_stream()
+        default = run_default_stream(self.device, self._tasks)
         run = Run(bind_run(self._tasks, self.device, self._event_slots, default), self.device, self._event_slots,
                   progress_timeout=self.progress_timeout, join_timeout=self.join_timeout, default_stream=default)
         self._run = run
@@ -149,7 +141,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
             torch_threads, device, worker_init = torch.get_num_threads(), self.device, self.worker_init
 
             def enter(group: str) -> Callable[[], None]:  # must not hold the pipeline (see shutdown.py)
-                return functools.partial(_enter_worker_thread, torch_threads, device, worker_init, group)
+                return functools.partial(enter_worker_thread, torch_threads, device, worker_init, group)
 
             run.start_workers(self._groups, run_unit, enter, self._caller_group)
             run.watch(self)
@@ -157,20 +149,6 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
             policy.fill(data_iter)
         except BaseException as exc:
             self._fail(run, exc)
-
-    def _caller_stream(self) -> Any:
-        """The stream current on the filling thread, which the run's "default" tasks use; refused if the plan
-        names it for other tasks (they would share it without taking turns)."""
-        stream, default = self.device.caller_stream(), self.device.default_stream()
-        if stream is not default:
-            on_it = [t for t in self._tasks if t.stream is stream]
-            if on_it:
-                named = [t.name for t in on_it]
-                raise ValueError(
-                    f"fill_pipeline(): the stream current on this thread ({on_it[0].stream_label!r}) is "
-                    f"also the stream of task(s) {named}; the plan's \"default\" tasks would run on it beside them. "
-                    f"Fill the pipeline outside that stream's context, or give those tasks another stream")
-        return stream
 
     def _end(self, run: Run, state: str) -> None:
         """Stop ``run`` (idempotent), remembering any straggler."""

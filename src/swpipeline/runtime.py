@@ -146,3 +146,21 @@ def all_turns(tasks: List[TaskRuntime]) -> List[Turns]:
             if turns is not None:
                 found[id(turns)] = turns
     return list(found.values())
+
+
+def run_default_stream(device: Device, tasks: List[TaskRuntime]) -> Any:
+    """The stream current on the filling thread, which a run's "default" tasks use.
+
+    Raises:
+        ValueError: the plan names that stream for some tasks (they would share it with the
+            default tasks without taking turns).
+    """
+    stream = device.caller_stream()
+    if stream is not device.default_stream():
+        on_it = [t for t in tasks if t.stream is stream]
+        if on_it:
+            raise ValueError(
+                f"fill_pipeline(): the stream current on this thread ({on_it[0].stream_label!r}) is also the stream "
+                f"of task(s) {[t.name for t in on_it]}; the plan's \"default\" tasks would run on it beside them. "
+                f"Fill the pipeline outside that stream's context, or give those tasks another stream")
+    return stream

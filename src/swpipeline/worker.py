@@ -34,6 +34,8 @@ import time
 import weakref
 from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple, Union
 
+import torch
+
 from .modes import Modes
 
 __all__: List[str] = []
@@ -91,6 +93,16 @@ def _checkpoint() -> None:
 
 def _nothing() -> None:
     """Nothing."""
+
+
+def enter_worker_thread(torch_threads: int, device: Any, worker_init: Optional[Callable[[str], None]],
+                        group: str) -> None:
+    """What a pipeline's worker thread does first: the caller's torch thread count (a per-thread setting
+    of torch), the device's per-thread set-up, then the user's ``worker_init(group)``."""
+    torch.set_num_threads(torch_threads)
+    device.enter_thread()
+    if worker_init is not None:
+        worker_init(group)
 
 
 class _UnitRunner:
