@@ -27,6 +27,9 @@ construction as well.
 
 from __future__ import annotations
 
+import functools
+import time
+
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from . import ordering
@@ -40,8 +43,11 @@ from .run import Run
 from .runtime import TaskRuntime
 from .schedule import Schedule
 from .tables import ScheduleRow, format_period_table, format_stage_analysis
+from .worker import Worker
 
 __all__: List[str] = []
+
+_yield_gil = functools.partial(time.sleep, 0)  # let a worker just handed work take the GIL now
 
 
 class _Clock:
@@ -55,12 +61,16 @@ class _Clock:
         self.entered: Dict[int, IterContext] = {}  # period -> the iteration that entered in it (until it retires)
         self.entry_period: Dict[int, int] = {}  # iteration -> the period it entered in
         self.lanes: List[Tuple[Callable[..., None], List[Tuple[TaskRuntime, int]]]] = []  # see fill()
+        self.yield_after_hand_out = False  # see fill()
 
     def fill(self, data_iter: Iterator[Any]) -> None:
         run = self.run
         # each thread group's queue, with its slots in submission order as (the run's task, its stage)
         self.lanes = [(run.workers[group].put, [(run.tasks[s.index], s.stage) for s in slots])
                       for group, slots in self.schedule.group_slots().items()]
+        # With several worker threads, one just handed work may be the bottleneck: let it take the GIL
+        # at once instead of after whatever the caller does next (up to its next wait).
+        self.yield_after_hand_out = sum(isinstance(w, Worker) for w in run.workers.values()) > 1
         depth = self.schedule.depth
         while self.period < depth and not self.run.exhausted:
             self._release(data_iter)
@@ -105,6 +115,8 @@ class _Clock:
             units = [(task, ctx, period) for task, stage in slots if (ctx := get(period - stage)) is not None]
             if units:
                 put(units, modes)
+        if self.yield_after_hand_out:
+            _yield_gil()
 
     @staticmethod
     def _iteration(ctx: Optional[IterContext]) -> Optional[int]:
