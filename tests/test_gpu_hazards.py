@@ -278,6 +278,8 @@ DEFAULT = FakeStream("default")
 
 @pytest.fixture
 def fake_accelerator(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda check_available=False: torch.device("xpu"))
     monkeypatch.setattr(torch.accelerator, "current_stream", lambda index=None: Accelerator.current.get())
     monkeypatch.setattr(torch.accelerator, "set_stream", lambda stream: Accelerator.current.set(stream))
     monkeypatch.setattr(torch.accelerator, "set_device_index", lambda index: None)
@@ -317,3 +319,11 @@ def test_torch_device_named_streams_get_their_priority(fake_accelerator: None) -
     assert (device.stream("memcpy").priority, device.stream("other").priority) == (-1, 0)
     with pytest.raises(ValueError, match=r"stream_priorities: 'memcpy': 1; give each stream name an int <= 0"):
         TorchDevice("xpu:0", stream_priorities={"memcpy": 1})
+
+
+def test_devices_refuse_what_they_cannot_be() -> None:
+    with pytest.raises(ValueError, match=r"TorchDevice\('cpu'\): this machine's accelerator is absent; a TorchDevice "
+                                         r"drives an accelerator \(for the CPU, pass device=\"cpu\" or CPUDevice\(\)\)"):
+        TorchDevice("cpu")
+    with pytest.raises(TypeError, match=r"SimulatedDevice: behind_host must be True or False, got 'yes'"):
+        SimulatedDevice(behind_host="yes")  # type: ignore[arg-type]

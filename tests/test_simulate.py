@@ -347,3 +347,9 @@ def test_ten_thousand_iterations_of_ten_tasks() -> None:
     # T0..T3 (7) reach g2, which then runs T4, T5 (5) without a gap 10,000 times; T6..T9 (7) finish the last
     assert result.seconds == 7 + 10_000 * 5 + 7
     assert result.critical_share["T4"] + result.critical_share["T5"] == 10_000 * 5
+
+
+def test_an_absurd_number_of_iterations_is_refused_before_any_work() -> None:
+    plan = PipelinePlan({"A": TaskSchedule()})
+    with pytest.raises(ValueError, match=r"simulate: num_iterations=1000000000000 is more than 10,000,000"):
+        simulate(plan, {"A": 1e-3}, num_iterations=10**12)

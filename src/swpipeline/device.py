@@ -175,6 +175,11 @@ class TorchDevice(Device):
                  ) -> None:
         super().__init__()
         device = torch.device(device)
+        accel = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        if accel is None or accel.type != device.type:
+            raise ValueError(f"TorchDevice({str(device)!r}): this machine's accelerator is "
+                             f"{accel.type if accel else 'absent'}; a TorchDevice drives an accelerator (for the "
+                             f"CPU, pass device=\"cpu\" or CPUDevice())")
         index: Optional[int] = device.index  # None for a bare "cuda"
         if index is None:
             device = torch.device(device.type, torch.accelerator.current_device_index())

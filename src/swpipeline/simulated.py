@@ -106,6 +106,8 @@ class SimulatedDevice(Device):
     uses_events = True
 
     def __init__(self, *, behind_host: bool = False) -> None:
+        if not isinstance(behind_host, bool):
+            raise TypeError(f"SimulatedDevice: behind_host must be True or False, got {behind_host!r}")
         super().__init__()
         self.behind_host = behind_host
         self.tracks_memory = behind_host

@@ -102,11 +102,18 @@ def simulate(plan: PipelinePlan, costs: CostsLike, num_iterations: int = 200, en
     return _result(sim, live)
 
 
+MAX_ITERATIONS = 10_000_000
+
+
 def _check_count(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"simulate: {name} must be an int, got {type(value).__name__} {value!r}")
     if value < 1:
         raise ValueError(f"simulate: {name} must be >= 1, got {value}")
+    if name == "num_iterations" and value > MAX_ITERATIONS:
+        raise ValueError(f"simulate: num_iterations={value} is more than {MAX_ITERATIONS:,} (the simulation keeps "
+                         f"every unit's times: about 100 bytes per task and iteration); a steady pipeline's pace "
+                         f"shows in a few hundred iterations")
 
 
 def _max_live(compiled: CompiledPlan, engine: str, max_depth: Optional[int]) -> int:
