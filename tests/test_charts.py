@@ -66,3 +66,33 @@ def test_importing_swpipeline_does_not_import_matplotlib() -> None:
     code = "import sys, swpipeline; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_iterations_are_drawn_in_forty_distinct_styles_then_repeat() -> None:
+    from swpipeline.charts import iteration_style
+
+    styles = [iteration_style(i) for i in range(80)]
+    assert len(set(styles[:40])) == 40  # i0 and i10 share a colour but not a hatch
+    assert styles[10] == (0, "..") and styles[0] == (0, "")
+    assert styles[40:] == styles[:40]
+    assert "////" not in {hatch for _, hatch in styles}  # the dependency wait's hatch stays unique
+
+
+def test_legend_has_one_entry_per_drawn_style_naming_every_iteration_drawn_that_way() -> None:
+    from swpipeline.charts import legend_entries
+
+    assert legend_entries(range(12)) == [(i, f"i{i}") for i in range(12)]  # no more cut at ten
+    entries = legend_entries(range(3, 130))
+    assert len(entries) == 40
+    assert entries[0] == (3, "i3, i43, i83, …")
+    assert entries[-1] == (42, "i42, i82, i122")
+
+
+def test_gantt_chart_of_many_iterations_draws_hatched_runs(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    pipe = SWPipeline(sparse_dist_plan(ExecLog()), device="cpu")
+    pipe.run(range(25), trace=True)
+    assert pipe.timeline is not None
+    path = tmp_path / "many.png"
+    pipe.timeline.save_chart(path)
+    check_png(path, min_colors=12)

@@ -16,6 +16,10 @@ from swpipeline import (DataFlowPipeline, IterContext, PipelinePlan, PipelineTas
                         TaskSchedule)
 
 
+# Plans here put several thread groups on one stream on purpose (the turns are what is tested).
+pytestmark = pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning")
+
+
 def test_public_api_matches_the_clock_driven_engine() -> None:
     common = {"fill_pipeline", "progress", "drain", "run", "run_serial", "run_one_serial_iter", "last_context"}
     for engine in (SWPipeline, DataFlowPipeline):

@@ -21,6 +21,10 @@ from swpipeline.ordering import period_local_edges
 from swpipeline.signals import Turns
 
 
+# Plans here put several thread groups on one stream on purpose (the turns are what is tested).
+pytestmark = pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning")
+
+
 def ascending(plan_stages: Dict[str, int]) -> List[str]:
     return sorted(plan_stages, key=lambda n: (plan_stages[n], n))
 

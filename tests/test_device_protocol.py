@@ -18,6 +18,10 @@ from engine_helpers import ExecLog, make_plan, sparse_dist_plan
 from swpipeline import PipelinePlan, SimulatedDevice, SWPipeline
 
 
+# Plans here put several thread groups on one stream on purpose (the turns are what is tested).
+pytestmark = pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning")
+
+
 def expected_producer(plan: PipelinePlan, task: str, it: int) -> List[Tuple[str, int]]:
     deps = [(d, it) for d in plan.intra[task]]
     if it > 0:

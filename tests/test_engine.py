@@ -14,6 +14,10 @@ from engine_helpers import ExecLog, FakeStream, check_dependencies, drive, make_
 from swpipeline import (CPUDevice, IterContext, PipelinePlan, PipelineTask, SimulatedDevice, SWPipeline,
                         TaskSchedule)
 
+
+# Plans here put several thread groups on one stream on purpose (the turns are what is tested).
+pytestmark = pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning")
+
 SD = ["H2D", "InputDistStart", "ZeroGrad", "InputDistWait", "WaitBatch", "Forward", "Backward", "OptimizerStep"]
 
 

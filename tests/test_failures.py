@@ -18,6 +18,10 @@ from swpipeline import (DataFlowPipeline, DependencyTimeoutError, IterContext, P
                         ProgressTimeoutError, SWPipeline, TaskSchedule)
 
 
+# Plans here put several thread groups on one stream on purpose (the turns are what is tested).
+pytestmark = pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning")
+
+
 class Boom(Exception):
     pass
 

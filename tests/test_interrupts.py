@@ -23,6 +23,10 @@ import pytest
 from engine_helpers import ExecLog, check_dependencies, drive, sparse_dist_plan, swp_threads
 from swpipeline import DataFlowPipeline, IterContext, SWPipeline
 
+
+# Plans here put several thread groups on one stream on purpose (the turns are what is tested).
+pytestmark = pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning")
+
 MakePipe = Callable[..., Any]
 TIMEOUTS = dict(signal_timeout=5.0, progress_timeout=5.0, join_timeout=5.0)
 

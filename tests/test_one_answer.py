@@ -24,6 +24,10 @@ from engine_helpers import check_dependencies, output_plan, swp_threads, valid_p
 from swpipeline import (DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, SimulatedDevice, SWPipeline,
                         TaskSchedule)
 
+
+# Plans here put several thread groups on one stream on purpose (the turns are what is tested).
+pytestmark = pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning")
+
 Stages = Tuple[int, int, int]  # fwd, bwd, step (prep is at stage 0)
 ENGINES: Dict[str, Callable[[PipelinePlan], Any]] = {
     "SWPipeline": lambda plan: SWPipeline(plan, device="cpu"),

@@ -23,6 +23,10 @@ from swpipeline import ordering
 
 import seed_plans
 
+
+# Plans here put several thread groups on one stream on purpose (the turns are what is tested).
+pytestmark = pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning")
+
 Edge = Tuple[str, str]  # (producer, consumer)
 
 

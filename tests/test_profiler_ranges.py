@@ -22,6 +22,10 @@ from engine_helpers import ExecLog, sparse_dist_plan
 from swpipeline import DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
 from swpipeline.annotations import profiler_active
 
+
+# Plans here put several thread groups on one stream on purpose (the turns are what is tested).
+pytestmark = pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning")
+
 _ExperimentalConfig = torch._C._profiler._ExperimentalConfig
 
 

@@ -16,7 +16,7 @@ import swpipeline
 
 EXPORTED = {
     "CPUDevice", "DataFlowPipeline", "DeclaredIO", "DependencyTimeoutError", "Device", "IterContext", "PipelinePlan", "PipelineTask",
-    "PipelineTimeoutError", "ProfileResult", "ProgressTimeoutError", "SWPipeline", "SequencerTimeoutError", "SimulatedDevice",
+    "PipelineTimeoutError", "ProfileResult", "ProgressTimeoutError", "SWPipeline", "SequencerTimeoutError", "SharedStreamWarning", "SimulatedDevice",
     "TaskProfiler", "TaskSchedule", "TorchDevice",
     "DependencyWait", "RunStats", "TaskRecord", "TaskStats", "Timeline",
     "PlanAnalysis", "RaceChecker", "RaceError", "analyze", "infer_deps",

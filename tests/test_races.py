@@ -20,6 +20,10 @@ from swpipeline import DataFlowPipeline, IterContext, PipelinePlan, PipelineTask
 from swpipeline import RaceChecker, RaceError
 from swpipeline.analysis.races import HappensBefore, Placement
 
+
+# Plans here put several thread groups on one stream on purpose (the turns are what is tested).
+pytestmark = pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning")
+
 Fn = Callable[[IterContext], Any]
 Spec = Dict[str, Tuple[int, Optional[str], str, Fn]]  # name -> (stage, stream, thread group, fn)
 

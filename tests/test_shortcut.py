@@ -15,6 +15,10 @@ from swpipeline import (DataFlowPipeline, DeclaredIO, IterContext, PipelinePlan,
 from swpipeline.signals import Turns
 from swpipeline.snapshot import cache_val, restore_val
 
+
+# Plans here put several thread groups on one stream on purpose (the turns are what is tested).
+pytestmark = pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning")
+
 Pair = namedtuple("Pair", "left right")
 
 

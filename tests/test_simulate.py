@@ -19,6 +19,10 @@ from swpipeline.planning.sim_result import SimResult
 from swpipeline.planning.simulator import simulate
 from swpipeline.timeline import Timeline
 
+
+# Plans here put several thread groups on one stream on purpose (the turns are what is tested).
+pytestmark = pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning")
+
 ZERO = EngineOverheads.zero()
 Span = Tuple[str, int, float, float]
 

@@ -8,8 +8,14 @@ import threading
 import weakref
 from typing import Any, List
 
+import pytest
+
 from engine_helpers import ExecLog, check_dependencies, make_plan, swp_threads
 from swpipeline import IterContext, SimulatedDevice, SWPipeline
+
+
+# Plans here put several thread groups on one stream on purpose (the turns are what is tested).
+pytestmark = pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning")
 
 ITERS = 3000
 

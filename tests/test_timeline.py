@@ -18,6 +18,10 @@ from swpipeline import (CPUDevice, DataFlowPipeline, IterContext, PipelinePlan, 
                         TaskRecord, TaskSchedule, Timeline)
 from swpipeline.timeline import Recorder
 
+
+# Plans here put several thread groups on one stream on purpose (the turns are what is tested).
+pytestmark = pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning")
+
 ENGINES = {
     "SWPipeline": lambda plan: SWPipeline(plan, device="cpu"),
     "DataFlowPipeline": lambda plan: DataFlowPipeline(plan, max_depth=3, device="cpu"),

@@ -19,6 +19,10 @@ import pytest
 from engine_helpers import ExecLog, make_plan, sparse_dist_plan, wait_until
 from swpipeline import DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
 
+
+# Plans here put several thread groups on one stream on purpose (the turns are what is tested).
+pytestmark = pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning")
+
 Track = Tuple[int, int]
 
 

@@ -17,6 +17,7 @@ from .errors import DependencyTimeoutError as DependencyTimeoutError
 from .errors import PipelineTimeoutError as PipelineTimeoutError
 from .errors import ProgressTimeoutError as ProgressTimeoutError
 from .errors import SequencerTimeoutError as SequencerTimeoutError
+from .errors import SharedStreamWarning as SharedStreamWarning
 from .plan import DeclaredIO as DeclaredIO
 from .plan import IterContext as IterContext
 from .plan import PipelinePlan as PipelinePlan
@@ -76,6 +77,7 @@ __all__ = [
     "RunStats",
     "SWPipeline",
     "SequencerTimeoutError",
+    "SharedStreamWarning",
     "SimulatedDevice",
     "TaskProfiler",
     "TaskRecord",

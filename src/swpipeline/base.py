@@ -41,7 +41,8 @@ from .modes import Modes, device_types
 from .plan import IterContext, PipelinePlan
 from .progress_line import ProgressLine, len_or_none
 from .run import ABANDONED, FAILED, FINISHED, Run, Stragglers
-from .runtime import bind_run, build_tasks, run_default_stream
+from .errors import SharedStreamWarning, warn_caller
+from .runtime import bind_run, build_tasks, run_default_stream, shared_stream_message, shared_streams
 from .schedule import Schedule
 from .serial import SerialBaseline
 from .shortcut import ShortcutSettings, ShortcutTable
@@ -97,6 +98,9 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
         self._event_slots = num_slots + 1  # see runtime.bind_run: inter consumers may lag one iteration
         ordering.validate_stages(plan)
         self._tasks = build_tasks(plan, self.device)
+        shared = shared_streams(self._tasks)
+        if shared:
+            warn_caller(shared_stream_message(shared), SharedStreamWarning)
         self._schedule = Schedule.build(plan, {t.name: t.stream_label for t in self._tasks},
                                         {t.name: t.stream for t in self._tasks})
         self._by_name = {t.name: t for t in self._tasks}

@@ -1,31 +1,53 @@
-"""The ``swpipeline`` command line: ``swpipeline demo`` runs the main job; ``swpipeline plan TRACE.json``
-shows where a traced run's time went and suggests a faster plan."""
+"""The swpipeline command line.
+
+  swpipeline demo              train a small model serially and pipelined, and compare
+  swpipeline plan TRACE.json   where a traced run's time went, and a faster plan for it
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import List, Optional
 
 __all__: List[str] = []
 
+INTERRUPTED = 130  # the shell's status for a command ended by Ctrl-C (128 + SIGINT)
+
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="swpipeline", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    """Run the command line; returns the exit status (130 when interrupted by Ctrl-C)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("swpipeline: interrupted", file=sys.stderr)
+        return INTERRUPTED
+
+
+def _main(argv: Optional[List[str]]) -> int:
+    import torch
+
+    from . import __version__
+
+    parser = argparse.ArgumentParser(prog="swpipeline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version",
+                        version=f"swpipeline {__version__} (torch {torch.__version__}, Python "
+                                f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro})")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,plan}")
     from . import demo
 
-    demo.add_arguments(sub.add_parser("demo", help="train a small recommendation model serially and pipelined"))
+    demo.add_arguments(sub.add_parser("demo", help="train a small recommendation model serially and pipelined",
+                                      description=demo.COMMAND_HELP))
     from .planning import cli_plan
 
     cli_plan.add_arguments(sub.add_parser("plan", help="where a traced run's time went, and a faster plan for it",
-                                          description=cli_plan.__doc__,
+                                          description=cli_plan.COMMAND_HELP,
                                           formatter_class=argparse.RawDescriptionHelpFormatter))
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo.run(args)
-    if args.command == "plan":
-        return cli_plan.run(args)
-    parser.error(f"unknown command {args.command!r}")
+    return cli_plan.run(args)
 
 
 if __name__ == "__main__":

@@ -114,8 +114,9 @@ class DataFlowPipeline(_PipelineBase):
         max_depth: the most iterations alive at once (>= 1). Any ``max_depth >= depth`` works;
             a smaller one only if the plan's order can complete with that few iterations
             alive (checked here, with a clear error otherwise).
-        device, signal_timeout, progress_timeout, join_timeout, worker_init, check_races, free_early,
-            keep: as for ``SWPipeline``.
+
+    The other arguments (``device``, ``signal_timeout``, ``progress_timeout``, ``join_timeout``,
+    ``worker_init``, ``check_races``, ``free_early``, ``keep``) are as for ``SWPipeline``.
 
     Raises:
         TypeError, ValueError: the plan breaks a stage rule, ``max_depth`` is not a positive int

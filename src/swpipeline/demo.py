@@ -32,6 +32,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, cast
 
 import torch
@@ -411,12 +412,20 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type: an int >= ``minimum``."""
 
     def parse(text: str) -> int:
-        value = int(text)
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
         return value
 
     return parse
+
+
+COMMAND_HELP = ("Train a small DLRM-style click model twice from the same initial weights, serially and "
+                "pipelined, print both speeds and check that the per-iteration losses are equal. The "
+                "pipelined run's trace and pictures are written under out/ unless told otherwise.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -462,18 +471,62 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
 def run(args: argparse.Namespace) -> int:
     """Run the demo for parsed arguments; returns 0 when both runs' losses are equal, else 1 (2: bad device)."""
     cfg = config_from_args(args)
+    outputs = DemoOutputs(trace=args.trace, chart=args.chart, schedule_chart=args.schedule_chart)
     try:
-        device = resolve_device(args.device)
-    except (TypeError, ValueError) as exc:
-        print(f"swpipeline demo: error: --device: {exc}", file=sys.stderr)
+        device = device_from_option(args.device)
+        for option, path in (("--trace", outputs.trace), ("--chart", outputs.chart),
+                             ("--schedule-chart", outputs.schedule_chart)):
+            check_output_path(option, path)
+    except ValueError as exc:
+        print(f"swpipeline demo: error: {exc}", file=sys.stderr)
         return 2
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    outputs = DemoOutputs(trace=args.trace, chart=args.chart, schedule_chart=args.schedule_chart)
     try:
         return run_demo(cfg, device, outputs)
     finally:
         torch.set_num_threads(previous_threads)
+
+
+def device_from_option(text: Optional[str]) -> Device:
+    """The Device for ``--device TEXT``; ValueError in command-line words if it cannot be used here."""
+    if text is None:
+        return resolve_device(None)
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--device {text}: not a device name; use cpu, or an accelerator such as cuda or "
+                         f"cuda:1") from None
+    if dev.type == "meta":
+        raise ValueError(f"--device {text}: meta tensors hold no data, so nothing can be trained on them; use cpu, "
+                         f"or an accelerator such as cuda")
+    if dev.type != "cpu":
+        accel = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        if accel is None or accel.type != dev.type:
+            has = f"its accelerator is {accel.type}" if accel is not None else "it has no accelerator torch can use"
+            raise ValueError(f"--device {text}: this machine has no {dev.type} device ({has}); use --device cpu, "
+                             f"or leave --device out to use what the machine has")
+        count = torch.accelerator.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"--device {text}: this machine has {count} {dev.type} device(s), numbered from 0")
+    return resolve_device(dev)
+
+
+def check_output_path(option: str, path: Optional[str]) -> None:
+    """Refuse an output path that could not be written, before any training: ValueError naming the option."""
+    if not path:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"{option} {path}: is a directory; give a file name (or '' to skip this output)")
+    existing = target.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{option} {path}: {existing} is a file, so no directory can be made there; choose "
+                         f"another path (or '' to skip this output)")
+    if not os.access(existing, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ValueError(f"{option} {path}: not writable; choose another path (or '' to skip this output)")
 
 
 def run_demo(cfg: DemoConfig, device: Device, outputs: Optional[DemoOutputs] = None) -> int:

@@ -7,7 +7,10 @@ the task and the iteration, and the attributes ``swp_task`` and ``swp_iter``.
 
 from __future__ import annotations
 
-from typing import List, Optional
+import os
+import sys
+import warnings
+from typing import List, Optional, Type
 
 __all__: List[str] = []
 
@@ -65,8 +68,21 @@ class SequencerTimeoutError(PipelineTimeoutError):
         self.iter_idx = iter_idx
 
 
+class SharedStreamWarning(UserWarning):
+    """Tasks of different thread groups share a stream, so they take turns and never overlap each other."""
+
+
 class PipelineAborted(RuntimeError):
     """Internal: raised inside worker threads to unwind once the pipeline has failed or was abandoned."""
+
+
+def warn_caller(message: str, category: Type[Warning]) -> None:
+    """``warnings.warn`` attributed to the first frame outside this package (the user's line)."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        level, frame = level + 1, frame.f_back  # type: ignore[assignment]
+    warnings.warn(message, category, stacklevel=level)
 
 
 def add_note(exc: BaseException, note: str) -> None:

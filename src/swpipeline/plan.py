@@ -2,8 +2,10 @@
 
 A :class:`PipelinePlan` is a value. Building one checks everything that does not
 depend on the engine: types, names, references, self-dependencies and cycles among
-the intra-iteration dependencies. Stage rules (Corollaries 1 and 3) are engine
-rules and are checked by the clock-driven engine (see ``ordering.validate_stages``).
+the intra-iteration dependencies. The two stage rules (an intra-iteration
+dependency sits at its task's stage or an earlier one; an inter-iteration dependency
+at most one stage later) are engine rules, checked when an engine is built (see
+``ordering.validate_stages``).
 
 Guarantees this module gives to the rest of the package:
 

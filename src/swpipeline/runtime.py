@@ -103,6 +103,27 @@ def _consumers(plan: PipelinePlan) -> List[List[str]]:
     return found
 
 
+def shared_streams(tasks: List[TaskRuntime]) -> Dict[str, Dict[str, List[str]]]:
+    """Stream label -> thread group -> its tasks on that stream, for each stream used by several groups."""
+    by_stream: Dict[int, Tuple[str, Dict[str, List[str]]]] = {}
+    for t in tasks:
+        by_stream.setdefault(id(t.stream), (t.stream_label, {}))[1].setdefault(t.group, []).append(t.name)
+    return {label: groups for label, groups in by_stream.values() if len(groups) > 1}
+
+
+def shared_stream_message(shared: Dict[str, Dict[str, List[str]]]) -> str:
+    """The warning for a plan whose thread groups share streams (see ``shared_streams``)."""
+    parts = []
+    for label, groups in shared.items():
+        users = " and ".join(f"thread group {g!r} ({', '.join(names)})" for g, names in groups.items())
+        parts.append(f"stream {label!r} is used by {users}")
+    return ("; ".join(parts) + ". Tasks on one stream take turns, so these thread groups' tasks never overlap "
+            "each other (on the CPU a stream is an execution lane; on a GPU their kernels would queue on one "
+            "stream anyway). To let them overlap, give each thread group's tasks their own stream "
+            "(TaskSchedule(stream=...)); if the turns are intended, silence this with "
+            "warnings.simplefilter('ignore', swpipeline.SharedStreamWarning).")
+
+
 def bind_run(tasks: List[TaskRuntime], device: Device, event_slots: int, default: Any) -> List[TaskRuntime]:
     """Copies of ``tasks`` for one run: each producer with ``event_slots`` fresh device events, and the
     run's own turns (one sequencer for the globally ordered tasks, one per stream shared by thread groups).

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import statistics
 from .tables import text_table as _table
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Sequence, Tuple
 
@@ -56,6 +56,8 @@ class RunStats:
         tasks: one TaskStats per task that ran, in serial order.
         thread_idle: thread group -> fraction of the wall time its worker ran no task.
         stream_idle: stream -> fraction of the wall time no task ran on it.
+        shared_streams: stream -> the thread groups whose tasks ran on it, for each stream
+            used by more than one thread group (their tasks took turns on it: they never overlap).
     """
 
     engine: str
@@ -66,6 +68,7 @@ class RunStats:
     tasks: Tuple[TaskStats, ...]
     thread_idle: Mapping[str, float]
     stream_idle: Mapping[str, float]
+    shared_streams: Mapping[str, Tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
     def task(self, name: str) -> TaskStats:
         """The TaskStats of task ``name``."""
@@ -129,11 +132,16 @@ def summarize(timeline: "Timeline") -> RunStats:
     for record in timeline.records:
         thread_spans.setdefault(record.thread_group, []).append((record.cpu_start, record.cpu_end))
         stream_spans.setdefault(record.stream, []).append(_stream_span(record))
+    groups_on: Dict[str, Dict[str, None]] = {}
+    for record in timeline.records:
+        groups_on.setdefault(record.stream, {})[record.thread_group] = None
+    shared = MappingProxyType({s: tuple(g) for s, g in groups_on.items() if len(g) > 1})
     iterations = timeline.num_iterations
     return RunStats(
         engine=timeline.engine, device=timeline.device, iterations=iterations, wall=wall,
         throughput=iterations / wall if wall > 0 else 0.0, tasks=tuple(tasks),
-        thread_idle=_idle_fractions(thread_spans, wall), stream_idle=_idle_fractions(stream_spans, wall))
+        thread_idle=_idle_fractions(thread_spans, wall), stream_idle=_idle_fractions(stream_spans, wall),
+        shared_streams=shared)
 
 
 def _idle_fractions(spans: Mapping[str, Sequence[Tuple[float, float]]], wall: float) -> Mapping[str, float]:
@@ -164,4 +172,7 @@ def format_stats(stats: RunStats) -> str:
     lanes = [[f"thread {name}", f"{1 - idle:.1%}", f"{idle:.1%}"] for name, idle in stats.thread_idle.items()]
     lanes += [[f"stream {name}", f"{1 - idle:.1%}", f"{idle:.1%}"] for name, idle in stats.stream_idle.items()]
     lines += _table(["lane", "busy", "idle (bubbles)"], lanes, left=1)
+    for stream, groups in stats.shared_streams.items():
+        lines.append(f"stream {stream} is shared by thread groups {', '.join(groups)}: their tasks took turns on "
+                     f"it and never overlapped; give each group its own stream to let them")
     return "\n".join(lines)

@@ -28,6 +28,17 @@ from .trace_read import plan_from_timeline, read_trace
 
 __all__: List[str] = []
 
+COMMAND_HELP = """\
+Reads a trace written by pipe.run(data, trace="run.json"), measures each task's cost
+from it, simulates the plan that ran (to show how well the model matches the run),
+prints the critical path and the bubbles per lane, and searches for the fastest plan
+of the same tasks within the same number of iterations alive (or --max-in-flight),
+with its predicted speedup. For example:
+
+  swpipeline plan out/demo_trace.json
+  swpipeline plan run.json --plan mymodule:make_plan --max-in-flight 2 --thread-groups default,prep
+"""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``swpipeline plan`` options to ``parser``."""
