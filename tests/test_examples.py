@@ -1,0 +1,123 @@
+"""The scripts in examples/ run and check what they claim; the README's example runs as printed.
+
+Each script runs in a fresh interpreter (torchrec_two_ranks.py on 2 ranks through
+torch.distributed.run), bounded in time; a script that does not finish is killed with
+every process it started. Every examples/*.py must be listed here, so none goes unrun.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+# script -> what its output must contain
+SINGLE_PROCESS = {
+    "quickstart.py": "losses bitwise equal: yes (40 iterations)",
+    "dataflow.py": "losses bitwise equal: yes (every engine, 40 iterations)",
+    "step_by_step.py": "losses bitwise equal: yes (",
+}
+TWO_RANKS = {"torchrec_two_ranks.py": "losses bitwise equal to TorchRec's: yes"}
+TIMEOUT_S = 120.0
+TWO_RANKS_TIMEOUT_S = 150.0  # two interpreters importing TorchRec on a 2-core machine
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _descendants(pid: int) -> List[int]:
+    """The processes started, directly or not, by process ``pid`` (read from /proc; none elsewhere)."""
+    children: Dict[int, List[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # ended meanwhile
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _run(args: List[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``args`` with this checkout's src/ first on the path; on timeout kill it and what it started, and fail."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        started = _descendants(proc.pid)  # torchrun's ranks run in sessions of their own: found by parentage
+        for pid in [proc.pid, *started]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(f"{' '.join(args)} did not finish in {timeout:g} s (killed)\nstdout:\n{out}\nstderr:\n{err}")
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def _check(result: subprocess.CompletedProcess[str], expected: str, count: int = 1) -> None:
+    report = f"exit code {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr[-6000:]}"
+    assert result.returncode == 0, report
+    assert result.stdout.count(expected) == count, report
+
+
+def test_every_example_is_known_and_run() -> None:
+    found = {p.name for p in EXAMPLES.glob("*.py")}
+    assert found == set(SINGLE_PROCESS) | set(TWO_RANKS), (
+        "examples/*.py changed: add each new script to SINGLE_PROCESS or TWO_RANKS in tests/test_examples.py "
+        "with the line it must print")
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.py")))
+def test_example_has_a_main_and_a_line_in_the_examples_readme(name: str) -> None:
+    source = (EXAMPLES / name).read_text()
+    assert "\ndef main(" in source and '\nif __name__ == "__main__":\n    main()' in source
+    line = rf"\[{re.escape(name)}\]\({re.escape(name)}\).*`(python|torchrun .*) examples/{re.escape(name)}`"
+    listing = (EXAMPLES / "README.md").read_text()
+    assert re.search(line, listing), f"examples/README.md has no line for {name} with its command"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.py")))
+def test_example_runs(name: str) -> None:
+    if name in TWO_RANKS:
+        pytest.importorskip("torchrec", reason=f"examples/{name} needs TorchRec, which cannot be imported here")
+        args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                "--master_port", str(_free_port()), str(EXAMPLES / name)]
+        _check(_run(args, ROOT, TWO_RANKS_TIMEOUT_S), TWO_RANKS[name], count=2)  # one line per rank
+    else:
+        assert name in SINGLE_PROCESS, f"add examples/{name} to SINGLE_PROCESS in tests/test_examples.py"
+        _check(_run([sys.executable, str(EXAMPLES / name)], ROOT, TIMEOUT_S), SINGLE_PROCESS[name])
+
+
+def readme_example() -> str:
+    """The first python code block after the README's "## Example" heading."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("\n## Example\n"):]
+    match = re.search(r"^```python\n(.*?)^```", section, re.DOTALL | re.MULTILINE)
+    assert match is not None, 'README.md has no python code block after "## Example"'
+    return match.group(1)
+
+
+def test_readme_example_runs_as_printed(tmp_path: Path) -> None:
+    script = tmp_path / "readme_example.py"
+    script.write_text(readme_example())
+    result = _run([sys.executable, str(script)], tmp_path, TIMEOUT_S)
+    _check(result, "#  Task")  # pipe.print_schedule(5) printed the schedule, and the run ended without an error
