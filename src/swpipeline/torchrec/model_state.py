@@ -62,6 +62,7 @@ class ModelRuntime:
         self.original_kjt_dist_forwards: List[Any] = []
         self.attached = True
         self.data_dist_role: Optional[str] = None
+        self.index_base = 0  # batches drawn before the engine's current run: batch index = index_base + iter_idx
 
     # -- streams -----------------------------------------------------------------------------
 
@@ -108,6 +109,10 @@ class ModelRuntime:
         fwd = self.custom_model_fwd if self.custom_model_fwd is not None else self.model
         losses, output = fwd(batch)
         return losses, output
+
+    def index_of(self, iter_idx: int) -> int:
+        """The batch's index since the pipeline was built (or reset()), as TorchRec numbers its contexts."""
+        return self.index_base + iter_idx
 
     def new_context(self, index: int) -> Any:
         return self.context_type(index=index, version=1)

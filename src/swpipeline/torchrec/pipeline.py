@@ -8,6 +8,12 @@ task functions (``plans.py``, ``tasks.py``), never this code. Each call::
                    wait for iteration k, retire it, return its ``ctx.output``
                    no iteration left: StopIteration
 
+A pipeline is reused across epochs as TorchRec's SparseDist family is: a call with a
+new iterator draws from it from then on, keeping the batches the pipeline holds
+(after the end of the data it refills); batches are numbered from construction or
+``reset()`` on, across iterators, as TorchRec numbers its contexts (SemiSync's
+``start_batch`` counts them).
+
 With ``lockstep=True`` (the default, TorchRec's behaviour) nothing of the next
 step starts before the next call, so code between calls (an LR scheduler,
 metrics, a checkpoint, detach()/attach()) sees the model exactly as TorchRec
@@ -48,7 +54,9 @@ class PlannedTrainPipeline:
         runtime: the model-side state the tasks share (None for plans without a model, e.g. Staged).
         device: the engine's device (``torch.device("cpu")``, ``torch.device("cuda", rank)``).
         execute_all_batches: False stops as soon as a step's new batch is missing,
-            leaving the batches in flight unexecuted (TorchRec's option).
+            without running the batches in flight (TorchRec's option); as in TorchRec they
+            stay, and run first when progress() is called with a new iterator (``reset()``
+            drops them).
         lockstep: see the module docstring.
         stop_together: agree with the other ranks on the end of the data (uneven data),
             on ``stop_together_group`` or a new gloo group.
@@ -88,8 +96,22 @@ class PlannedTrainPipeline:
 
         Raises:
             StopIteration: no batch is left (or, with ``execute_all_batches=False``, this
-                step's new batch is missing).
+                step's new batch is missing: the batches in flight then wait for the next
+                iterator, see ``_step``).
             RuntimeError: an earlier step failed (call reset()).
+        """
+        ctx = self._step(dataloader_iter)
+        self.steps += 1
+        return self._output_of(ctx)
+
+    def _step(self, dataloader_iter: Iterator[Any]) -> IterContext:
+        """One step: start or advance the engine, retire the oldest iteration and return its context.
+
+        With ``execute_all_batches=False`` a step whose new batch is missing raises
+        StopIteration without running anything and without dropping anything: the
+        batches in flight (and any batch drawn ahead) stay, and the next call, with a
+        new iterator, carries on with them, as TorchRec's pipelines do; ``reset()``
+        drops them.
         """
         if self._failed:
             raise RuntimeError("progress() after a failed step (its exception was raised then); "
@@ -100,11 +122,10 @@ class PlannedTrainPipeline:
             if not self._running:
                 self._start(dataloader_iter)
             else:
-                self._follow(dataloader_iter)
-                if self.lockstep:
+                self._use(dataloader_iter)
+                if self.lockstep or self._stop_next:
                     self._advance()
             if self._stop_next:
-                self._abandon()
                 raise StopIteration
             self.engine.progress(self._feed, advance=False)
             ctx = self.engine.last_context
@@ -113,13 +134,13 @@ class PlannedTrainPipeline:
             if not self.lockstep:
                 self._advance()
         except StopIteration:
-            self._running = False
+            if not self._stop_next:  # the data ended: the engine's run is over
+                self._running = False
             raise
         except BaseException:
             self._failed, self._running = True, False
             raise
-        self.steps += 1
-        return self._output_of(ctx)
+        return ctx
 
     def _check_lockstep_on_a_worker(self) -> None:
         """On a worker thread, lockstep is exact only if each period's last default task retires the step."""
@@ -131,29 +152,35 @@ class PlannedTrainPipeline:
                 f"progress() returns; use caller_thread=True (the default) or lockstep=False")
 
     def _start(self, dataloader_iter: Iterator[Any]) -> None:
-        feed = self._feed
-        if feed is not None and feed.source is dataloader_iter and feed.exhausted:
+        feed = self._use(dataloader_iter)
+        if feed.exhausted:
             raise StopIteration  # as TorchRec: never call next() on an iterator known to be exhausted
-        if feed is None or feed.source is not dataloader_iter:
-            feed = self._feed = BatchFeed(dataloader_iter, self._agreement)
         self._stop_next = not self.execute_all_batches and not feed.has(self.engine.depth)
         if not self._stop_next:
+            if self.runtime is not None:  # TorchRec numbers the batches from construction (or reset()) on
+                self.runtime.index_base = feed.drawn
             self.engine.fill_pipeline(feed)
             self._running = True
 
-    def _follow(self, dataloader_iter: Iterator[Any]) -> None:
-        """TorchRec reads later batches from whatever iterator the latest call passed."""
+    def _use(self, dataloader_iter: Iterator[Any]) -> BatchFeed:
+        """The feed, drawing from ``dataloader_iter`` from now on.
+
+        TorchRec reads later batches from whatever iterator the latest call passed, and
+        keeps the batches it holds: those in flight and, here, any drawn ahead.
+        """
         feed = self._feed
-        if feed is not None and feed.source is not dataloader_iter:
+        if feed is None:
+            feed = self._feed = BatchFeed(dataloader_iter, self._agreement)
+        elif feed.source is not dataloader_iter:
             feed.source, feed.exhausted = dataloader_iter, False
+        return feed
 
     def _advance(self) -> None:
-        """Enqueue the next step's period, unless its batch is missing and in-flight batches are to be dropped."""
+        """Enqueue the next step's period, unless its batch is missing and in-flight batches are to wait."""
         feed = self._feed
-        if not self.execute_all_batches and feed is not None and not feed.has(1):
-            self._stop_next = True
-            return
-        self.engine.advance()
+        self._stop_next = not self.execute_all_batches and feed is not None and not feed.has(1)
+        if not self._stop_next:
+            self.engine.advance()
 
     def _abandon(self) -> None:
         self.engine.abandon()

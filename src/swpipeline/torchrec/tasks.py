@@ -16,10 +16,12 @@ TorchRec calls ``wait_stream`` these only ``record_stream`` (memory safety on an
 accelerator; nothing on the CPU).
 
 The semi-synchronous steps (``start_batch``, ``stash_gradients``) follow
-``TrainPipelineSemiSync``: from iteration ``start_batch + 1`` on, EmbLookup(i)
-runs in its own slot, before EmbBackward(i-1), so batch i reads embeddings one
-update older than a synchronous run; before that, EmbLookup(i) leaves the lookup
-to Forward(i), which runs after EmbBackward(i-1).
+``TrainPipelineSemiSync``: from batch ``start_batch + 1`` on (batches counted
+from the pipeline's construction or ``reset()``, across iterators: see
+``ModelRuntime.index_of``), EmbLookup(i) runs in its own slot, before
+EmbBackward(i-1), so batch i reads embeddings one update older than a
+synchronous run; before that, EmbLookup(i) leaves the lookup to Forward(i),
+which runs after EmbBackward(i-1).
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ class SemiSync:
     strict: bool = False
     gradients: Dict[str, torch.Tensor] = field(default_factory=dict)
 
-    def is_semi_sync(self, iter_idx: int) -> bool:
-        return iter_idx >= self.start_batch
+    def is_semi_sync(self, index: int) -> bool:
+        """Whether batch ``index`` (counted from the pipeline's construction or reset(), across epochs) is semi-sync."""
+        return index >= self.start_batch
 
 
 @dataclass
@@ -106,7 +109,7 @@ class TrainTasks:
         batch = batch_of(ctx)
         if self.opt.prepare_batch is not None and self.opt.pt2 is None:
             batch = self.opt.prepare_batch(batch)
-        ctx.context = self.rt.new_context(ctx.iter_idx)
+        ctx.context = self.rt.new_context(self.rt.index_of(ctx.iter_idx))
         if self.opt.inplace_copy:
             ctx.data = blocks.to_device(batch, self.rt.device, non_blocking=True,
                                          data_copy_stream=self.rt.current_stream())
@@ -144,7 +147,7 @@ class TrainTasks:
     def emb_lookup(self, ctx: IterContext) -> None:
         """compute_and_output_dist of every pipelined module, ahead of the dense forward."""
         semi = self.opt.semi_sync
-        if semi is not None and not semi.is_semi_sync(ctx.iter_idx - 1):
+        if semi is not None and not semi.is_semi_sync(self.rt.index_of(ctx.iter_idx) - 1):
             ctx.lookup_in_forward = True  # synchronous phase: Forward(i) looks up after EmbBackward(i-1)
             return
         self._start_lookup(ctx)
@@ -219,9 +222,10 @@ class TrainTasks:
         if semi is None:
             self.rt.optimizer.step()
             return
-        if semi.is_semi_sync(ctx.iter_idx) and semi.stash_gradients:
+        index = self.rt.index_of(ctx.iter_idx)
+        if semi.is_semi_sync(index) and semi.stash_gradients:
             self._swap_gradients(semi.gradients)
-        if not (ctx.iter_idx == semi.start_batch and semi.stash_gradients):
+        if not (index == semi.start_batch and semi.stash_gradients):
             self.rt.optimizer.step()  # (no step on the batch whose gradients were just stashed)
 
     def _swap_gradients(self, stash: Dict[str, torch.Tensor]) -> None:
