@@ -202,3 +202,18 @@ def test_hash_ids_spreads_ids_over_the_table_and_salts_by_feature() -> None:
     assert torch.bincount(rows, minlength=1000).min() > 0  # every row is hit
     other = demo.hash_ids(ids, torch.ones_like(ids, dtype=torch.long), (1000, 1000))
     assert (rows != other).float().mean() > 0.9
+
+
+def test_thread_split_shows_how_much_the_threads_slowed_each_other_down() -> None:
+    plan = demo.TrainingJob(TINY, CPUDevice()).plan
+    serial = demo.RunResult("serial", 3.0, torch.zeros(1), {"PrepareBatch": 1.0, "CopyToDevice": 0.001,
+                                                            "Forward": 0.5, "Backward": 1.0, "OptimizerStep": 0.5})
+    pipelined = demo.RunResult("pipelined", 2.5, torch.zeros(1), {"PrepareBatch": 1.5, "CopyToDevice": 0.002,
+                                                                  "Forward": 0.8, "Backward": 1.2, "OptimizerStep": 0.4})
+    assert demo.format_thread_split(plan, serial, pipelined) == (
+        "serial run, host time in each thread's tasks: prep 1.00 s, copy 0.00 s, default 2.00 s\n"
+        "ideal pipelined speedup (threads fully overlapped) = total / largest = 1.50x\n"
+        "pipelined run, host time in each thread's tasks: prep 1.50 s (+50%), default 2.40 s (+20%): side by side, "
+        "the threads slow each other down (shared cores and memory, and the GIL for the Python parts of their tasks)\n"
+        "speedup if the pipelined run took only its busiest thread's time = serial / largest = 1.25x "
+        "(measured: 1.20x)")

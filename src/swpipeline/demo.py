@@ -368,16 +368,38 @@ def format_results(serial: RunResult, pipelined: RunResult, iters: int) -> str:
     return "\n".join(lines)
 
 
-def format_thread_split(plan: PipelinePlan, serial: RunResult) -> str:
-    """Where the serial run spent its time, per thread group, and the speedup overlapping them allows."""
+def _per_group(plan: PipelinePlan, result: RunResult) -> Dict[str, float]:
+    """Host seconds of a run's tasks, summed per thread group (in the plan's order)."""
     per_group: Dict[str, float] = {}
-    for name, seconds in serial.task_seconds.items():
+    for name, seconds in result.task_seconds.items():
         group = plan.schedules[name].thread_group
         per_group[group] = per_group.get(group, 0.0) + seconds
+    return per_group
+
+
+def format_thread_split(plan: PipelinePlan, serial: RunResult, pipelined: Optional[RunResult] = None) -> str:
+    """Where the serial run spent its time, per thread group, and the speedup overlapping them allows.
+
+    With ``pipelined``, also how much longer each group's tasks took when the groups ran side by
+    side: what the machine's cores, caches and memory cost the overlap, which no engine can win back.
+    """
+    per_group = _per_group(plan, serial)
     parts = ", ".join(f"{group} {seconds:.2f} s" for group, seconds in per_group.items())
     bound = sum(per_group.values()) / max(max(per_group.values()), 1e-9)
-    return (f"serial run, host time in each thread's tasks: {parts}\n"
+    text = (f"serial run, host time in each thread's tasks: {parts}\n"
             f"ideal pipelined speedup (threads fully overlapped) = total / largest = {bound:.2f}x")
+    if pipelined is None:
+        return text
+    side_by_side = _per_group(plan, pipelined)
+    total = sum(per_group.values())
+    parts = ", ".join(f"{group} {seconds:.2f} s ({seconds / per_group[group] - 1:+.0%})"
+                      for group, seconds in side_by_side.items() if per_group.get(group, 0.0) > 0.01 * total)
+    largest = max(side_by_side.values())
+    return (f"{text}\n"
+            f"pipelined run, host time in each thread's tasks: {parts}: side by side, the threads slow each "
+            f"other down (shared cores and memory, and the GIL for the Python parts of their tasks)\n"
+            f"speedup if the pipelined run took only its busiest thread's time = serial / largest = "
+            f"{serial.seconds / max(largest, 1e-9):.2f}x (measured: {serial.seconds / max(pipelined.seconds, 1e-9):.2f}x)")
 
 
 def format_interference(results: Sequence[RunResult]) -> Optional[str]:
@@ -552,7 +574,7 @@ def run_demo(cfg: DemoConfig, device: Device, outputs: Optional[DemoOutputs] = N
     if warning is not None:
         print(warning)
     print()
-    print(format_thread_split(shown.plan, serial))
+    print(format_thread_split(shown.plan, serial, pipelined))
     equal, message = format_loss_check(serial, pipelined)
     print(message)
     if pipelined.timeline is not None:
