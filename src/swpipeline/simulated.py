@@ -96,10 +96,19 @@ class _Block:
 
 
 class SimulatedDevice(Device):
-    """A device that records what a GPU would be asked to do, for tests (see the module docstring).
+    """A device that records what a GPU would be asked to do, for tests.
+
+    It runs tasks like the CPU device (a stream is a lane) and keeps in ``log``, per
+    stream, the operations a GPU would receive: ``("launch", task, iter)``,
+    ``("record", event_id)`` and ``("wait", (stream, position))``; ``happens_before``
+    answers what a GPU must order.
 
     Args:
-        behind_host: model streams that run behind the host and report hazards in ``hazards``.
+        behind_host: model streams that run behind the host, as real ones do, and report
+            in ``hazards`` an access that no event orders after another stream's, a
+            tensor freed while another stream may still use it and nothing keeps it for
+            that stream, a wait on an event never recorded, and two threads inside one
+            stream object's context.
     """
 
     kind = "sim"

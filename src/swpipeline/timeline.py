@@ -74,8 +74,15 @@ def parse_trace(trace: TraceSpec) -> Tuple[bool, Optional[PathLike]]:
 class Timeline(TimelineData):
     """Every task execution of one traced run, with its summaries and pictures.
 
-    The fields are those of the records (engine, device, origin, wall, records, tasks,
-    thread_groups, streams); see ``records.TimelineData``.
+    Attributes:
+        engine: ``"SWPipeline"`` or ``"DataFlowPipeline"``.
+        device: the device the run used, e.g. ``"cpu"`` or ``"cuda:0"``.
+        origin: ``time.perf_counter()`` at the start of the run (time 0 of every record).
+        wall: seconds from the start of the run to its end.
+        records: one TaskRecord per completed unit, ordered by ``cpu_start``.
+        tasks: task names in serial order; thread_groups, streams: in plan order.
+        intra_deps, inter_deps, globally_ordered: the plan's, or None when read from a
+            trace that does not carry them.
     """
 
     def stats(self) -> "RunStats":

@@ -30,7 +30,11 @@ __all__: List[str] = []
 
 @dataclass(frozen=True)
 class EngineOverheads:
-    """The engine's own costs, in seconds (see the module docstring).
+    """The engine's own costs, in seconds, which the simulator adds to the tasks' own costs.
+
+    ``EngineOverheads()`` holds constants measured on a 2-core x86 VM (Python 3.11, torch
+    CPU); ``EngineOverheads.zero()`` turns them all off; ``calibrate()`` measures them on
+    this machine.
 
     Args:
         wake: from one thread signalling (a queue put, a task completing, a turn passing

@@ -57,7 +57,10 @@ class PlannedTrainPipeline:
             without running the batches in flight (TorchRec's option); as in TorchRec they
             stay, and run first when progress() is called with a new iterator (``reset()``
             drops them).
-        lockstep: see the module docstring.
+        lockstep: True (default, as TorchRec): nothing of the next step starts before the
+            next call, so code between calls sees the model as TorchRec would leave it;
+            False: the next step is enqueued before returning and overlaps the caller's
+            code, which must then not touch the model, optimizer or process group.
         stop_together: agree with the other ranks on the end of the data (uneven data),
             on ``stop_together_group`` or a new gloo group.
         caller_thread: with ``lockstep``, run the ``default`` thread group's tasks on the

@@ -157,7 +157,8 @@ def StagedTrainPipeline(pipeline_stages: Sequence[Any], debug_mode: bool = False
     A stage's ``stream`` may be an accelerator stream (then all must be on one device)
     or ``None``/a CPU stream: on the CPU each stage runs on a lane named after it.
     The stages run on the calling thread, one step ahead, as TorchRec's
-    (``lockstep=True``, the default; see the module docstring for ``lockstep=False``).
+    (``lockstep=True``, the default); ``lockstep=False`` runs them on a worker thread,
+    overlapping the caller's step, and refuses stages of a ``SparseDataDistUtil``.
     """
     stages = list(pipeline_stages)
     if not stages:
