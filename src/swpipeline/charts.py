@@ -38,7 +38,6 @@ def _matplotlib() -> Tuple[Any, Any, Any]:
 
 
 _ITERATION_HATCHES = ("", "..", "xx", "oo")  # none of them looks like the dependency wait's "////"
-STYLE_CYCLE = 10 * len(_ITERATION_HATCHES)  # iterations this far apart share a style
 
 
 def iteration_style(iteration: int) -> Tuple[int, str]:
@@ -49,9 +48,10 @@ def iteration_style(iteration: int) -> Tuple[int, str]:
     return iteration % 10, _ITERATION_HATCHES[(iteration // 10) % len(_ITERATION_HATCHES)]
 
 
-def iteration_color(colormaps: Any, iteration: int) -> Any:
-    """The fill colour of an iteration (see ``iteration_style``)."""
-    return colormaps["tab10"](iteration_style(iteration)[0])
+def _iteration_fill(colormaps: Any, iteration: int) -> Tuple[Any, Optional[str]]:
+    """An iteration's fill colour and hatch (None: plain), as matplotlib takes them."""
+    index, hatch = iteration_style(iteration)
+    return colormaps["tab10"](index), hatch or None
 
 
 def legend_entries(iterations: Sequence[int]) -> List[Tuple[int, str]]:
@@ -142,8 +142,7 @@ def _draw_lane(ax: Any, row: int, kind: str, records: Sequence["TaskRecord"], ch
                colormaps: Any) -> None:
     """One row of the Gantt chart: its task bars (and, for a thread, its hatched waits)."""
     for record in records:
-        color = iteration_color(colormaps, record.iteration)
-        hatch = iteration_style(record.iteration)[1]
+        color, hatch = _iteration_fill(colormaps, record.iteration)
         if kind == "thread":
             for wait in record.waits:
                 ax.barh(row, (wait.end - wait.start) * 1e3, left=wait.start * 1e3, height=0.5,
@@ -153,7 +152,7 @@ def _draw_lane(ax: Any, row: int, kind: str, records: Sequence["TaskRecord"], ch
             start, end = record.device_start, record.device_end
         width_ms = (end - start) * 1e3
         ax.barh(row, width_ms, left=start * 1e3, height=0.72, color=color, edgecolor="black", linewidth=0.4,
-                hatch=hatch or None)
+                hatch=hatch)
         label = _bar_label(record.task, record.iteration, width_ms * chars_per_ms)
         if label is not None:
             ax.text(start * 1e3 + width_ms / 2, row, label, ha="center", va="center", fontsize=7, clip_on=True)
@@ -162,8 +161,10 @@ def _draw_lane(ax: Any, row: int, kind: str, records: Sequence["TaskRecord"], ch
 def _legend(ax: Any, iterations: Sequence[int], colormaps: Any, device_times: bool) -> None:
     from matplotlib.patches import Patch
 
-    handles = [Patch(facecolor=iteration_color(colormaps, i), hatch=iteration_style(i)[1] or None,
-                     edgecolor="black", linewidth=0.4, label=label) for i, label in legend_entries(iterations)]
+    handles = []
+    for i, label in legend_entries(iterations):
+        color, hatch = _iteration_fill(colormaps, i)
+        handles.append(Patch(facecolor=color, hatch=hatch, edgecolor="black", linewidth=0.4, label=label))
     handles.append(Patch(facecolor="white", edgecolor="0.3", hatch=_WAIT_HATCH, label="dependency wait"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, ncols=1 + len(handles) // 24,
               title="device times on streams" if device_times else None, title_fontsize=7, frameon=False)
@@ -215,9 +216,8 @@ def _draw_cell(ax: Any, left: float, y: int, width: float, cell: str, colormaps:
 
     box: Dict[str, Any] = {"xy": (left + 0.15, y + 0.1), "width": width - 0.3, "height": 0.8, "linewidth": 0.4}
     if cell.startswith("i") and cell[1:].isdigit():
-        iteration = int(cell[1:])
-        ax.add_patch(Rectangle(**box, facecolor=iteration_color(colormaps, iteration),
-                               hatch=iteration_style(iteration)[1] or None, edgecolor="black"))
+        color, hatch = _iteration_fill(colormaps, int(cell[1:]))
+        ax.add_patch(Rectangle(**box, facecolor=color, hatch=hatch, edgecolor="black"))
         ax.text(left + width / 2, y + 0.5, cell, va="center", ha="center", fontsize=9)
     elif cell == ".":
         ax.add_patch(Rectangle(**box, facecolor="0.9", edgecolor="0.5", hatch=".."))

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from .clocked import SWPipeline
-from .device import Device, TorchDevice, resolve_device
+from .device import Device, TorchDevice, machine_accelerator, resolve_device
 from .plan import IterContext, PipelinePlan, PipelineTask, TaskSchedule
 from .timeline import Timeline
 
@@ -523,7 +523,7 @@ def device_from_option(text: Optional[str]) -> Device:
         raise ValueError(f"--device {text}: meta tensors hold no data, so nothing can be trained on them; use cpu, "
                          f"or an accelerator such as cuda")
     if dev.type != "cpu":
-        accel = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        accel = machine_accelerator()
         if accel is None or accel.type != dev.type:
             has = f"its accelerator is {accel.type}" if accel is not None else "it has no accelerator torch can use"
             raise ValueError(f"--device {text}: this machine has no {dev.type} device ({has}); use --device cpu, "

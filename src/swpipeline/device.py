@@ -45,6 +45,11 @@ logger = logging.getLogger("swpipeline")
 TaskFn = Callable[[Any], Any]
 
 
+def machine_accelerator() -> Optional[torch.device]:
+    """The accelerator torch can use on this machine (its type, e.g. ``cuda``), or None."""
+    return torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+
+
 class Device:
     """Base interface; the CPU behaviour is the default."""
 
@@ -175,7 +180,7 @@ class TorchDevice(Device):
                  ) -> None:
         super().__init__()
         device = torch.device(device)
-        accel = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        accel = machine_accelerator()
         if accel is None or accel.type != device.type:
             raise ValueError(f"TorchDevice({str(device)!r}): this machine's accelerator is "
                              f"{accel.type if accel else 'absent'}; a TorchDevice drives an accelerator (for the "
@@ -255,7 +260,7 @@ def resolve_device(spec: object) -> Device:
     """
     if isinstance(spec, Device):
         return spec
-    accel = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    accel = machine_accelerator()
     if spec is None:
         return TorchDevice(torch.device(accel.type, torch.accelerator.current_device_index())) if accel else CPUDevice()
     if isinstance(spec, bool) or not isinstance(spec, (int, str, torch.device)):
@@ -277,7 +282,7 @@ def resolve_device(spec: object) -> Device:
 
 
 def _checked(dev: torch.device) -> torch.device:
-    accel = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    accel = machine_accelerator()
     if accel is None or accel.type != dev.type:
         raise ValueError(
             f"device {str(dev)!r} requested but this machine's accelerator is "

@@ -104,11 +104,13 @@ def _consumers(plan: PipelinePlan) -> List[List[str]]:
 
 
 def shared_streams(tasks: List[TaskRuntime]) -> Dict[str, Dict[str, List[str]]]:
-    """Stream label -> thread group -> its tasks on that stream, for each stream used by several groups."""
-    by_stream: Dict[int, Tuple[str, Dict[str, List[str]]]] = {}
+    """Stream label -> thread group -> its tasks on that stream, for each stream used by several groups
+    (the tasks ``build_tasks`` marked ``shares_stream``)."""
+    shared: Dict[str, Dict[str, List[str]]] = {}
     for t in tasks:
-        by_stream.setdefault(id(t.stream), (t.stream_label, {}))[1].setdefault(t.group, []).append(t.name)
-    return {label: groups for label, groups in by_stream.values() if len(groups) > 1}
+        if t.shares_stream:
+            shared.setdefault(t.stream_label, {}).setdefault(t.group, []).append(t.name)
+    return shared
 
 
 def shared_stream_message(shared: Dict[str, Dict[str, List[str]]]) -> str:

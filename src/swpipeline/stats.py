@@ -129,11 +129,10 @@ def summarize(timeline: "Timeline") -> RunStats:
 
     thread_spans: Dict[str, List[Tuple[float, float]]] = {g: [] for g in timeline.thread_groups}
     stream_spans: Dict[str, List[Tuple[float, float]]] = {s: [] for s in timeline.streams}
+    groups_on: Dict[str, Dict[str, None]] = {}  # stream -> the thread groups that ran on it, in order
     for record in timeline.records:
         thread_spans.setdefault(record.thread_group, []).append((record.cpu_start, record.cpu_end))
         stream_spans.setdefault(record.stream, []).append(_stream_span(record))
-    groups_on: Dict[str, Dict[str, None]] = {}
-    for record in timeline.records:
         groups_on.setdefault(record.stream, {})[record.thread_group] = None
     shared = MappingProxyType({s: tuple(g) for s, g in groups_on.items() if len(g) > 1})
     iterations = timeline.num_iterations

@@ -19,6 +19,8 @@ from typing import Iterable, List, Optional, Sequence, Union
 import torch
 from torch import nn
 
+from ..device import machine_accelerator
+
 __all__: List[str] = []
 
 DeviceLike = Union[torch.device, int, str]
@@ -119,7 +121,7 @@ def resolve_devices(devices: Optional[Iterable[DeviceLike]], num_partitions: int
         ValueError: fewer devices than partitions, an unknown device, or two accelerator devices.
     """
     if devices is None:
-        accel = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        accel = machine_accelerator()
         if accel is None:
             resolved = [torch.device("cpu")] * num_partitions
         else:
@@ -155,7 +157,7 @@ def _one_device(spec: object) -> torch.device:
             raise ValueError(f"devices: {spec!r} is not a device torch knows ({exc})") from None
     if device.type == "cpu":
         return torch.device("cpu")  # "cpu:0" and "cpu" are one device
-    accel = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    accel = machine_accelerator()
     if accel is None or accel.type != device.type:
         raise ValueError(f"devices: {str(device)!r} requested but this machine's accelerator is "
                          f"{accel.type if accel is not None else 'absent'}; use 'cpu' or that accelerator")
