@@ -35,7 +35,7 @@ from .analysis.report import PlanAnalysis
 from .annotations import resolve_emit_nvtx
 from .device import DeviceSpec, resolve_device
 from .driving import DriverSeat, UnitOn, driving
-from .executor import AfterComplete, make_launch, make_unit_runner, traced
+from .executor import AfterComplete, Launch, RunUnit, make_launches, make_unit_runner, traced
 from .lifetime import EarlyFree, attribute_uses
 from .modes import Modes, device_types
 from .plan import IterContext, PipelinePlan
@@ -132,22 +132,25 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
         shutdown.track(run)
         try:
             labels = {t.index: self._shortcuts.label(t.name) for t in self._tasks}
-            launch = make_launch(self.device, labels, self._nvtx)
             recorder = self._new_recorder(run.tasks)
             wait = recorder.timed_wait(run.board.wait_task) if recorder is not None else None
             policy = self._new_policy(run)
             free = EarlyFree(self._free_uses).done if self._free_uses is not None else None
-            run_unit = make_unit_runner(run.board, self.device, launch, self._event_slots, self.signal_timeout,
-                                        policy.after_complete, wait, free)
-            if recorder is not None:
-                run_unit = traced(run_unit, recorder)
+
+            def executor(launch: Launch) -> RunUnit:
+                run_unit = make_unit_runner(run.board, self.device, launch, self._event_slots, self.signal_timeout,
+                                            policy.after_complete, wait, free)
+                return traced(run_unit, recorder) if recorder is not None else run_unit
+
+            plain, annotated = make_launches(self.device, labels, self._nvtx)
+            run_units = (executor(plain), executor(annotated))
             run.policy = policy
             torch_threads, device, worker_init = torch.get_num_threads(), self.device, self.worker_init
 
             def enter(group: str) -> Callable[[], None]:  # must not hold the pipeline (see shutdown.py)
                 return functools.partial(enter_worker_thread, torch_threads, device, worker_init, group)
 
-            run.start_workers(self._groups, run_unit, enter, self._caller_group)
+            run.start_workers(self._groups, run_units, enter, self._caller_group)
             run.watch(self)
             run.modes = Modes.capture(self._mode_types)
             policy.fill(data_iter)

@@ -121,8 +121,14 @@ class Device:
         """Called once at the start of every worker thread."""
 
     def launch(self, stream: Any, fn: TaskFn, ctx: Any, name: str) -> None:
-        with stream.lock:
-            fn(ctx)
+        """Run ``fn(ctx)`` with ``stream`` current. On the CPU, a lane needs no lock: one thread group runs a
+        lane's units one at a time, and a lane shared by several groups passes its units a turn each."""
+        fn(ctx)
+
+    @property
+    def launches_directly(self) -> bool:
+        """Whether ``launch`` only calls the function (as on the CPU): the engine then calls it itself."""
+        return type(self).launch is Device.launch
 
     def new_event(self) -> Any:
         return None

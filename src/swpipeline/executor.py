@@ -24,9 +24,9 @@ branch anywhere.
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
-from .annotations import profiler_active, run_annotated
+from .annotations import run_annotated
 from .device import Device
 from .lifetime import keep_written
 from .plan import IterContext
@@ -42,19 +42,35 @@ RunUnit = Callable[[TaskRuntime, IterContext, Optional[int]], None]
 AfterComplete = Callable[[TaskRuntime, int], None]
 
 
-def make_launch(device: Device, labels: Dict[int, str], nvtx: bool) -> Callable[[TaskRuntime, IterContext], None]:
-    """Run a task's function on its stream, inside a ``SWP/{label}/iter{N}`` range when one is recorded."""
+Launch = Callable[[TaskRuntime, IterContext], None]
 
-    def launch(task: TaskRuntime, ctx: IterContext) -> None:
-        fn = task.exec_fn
-        if nvtx or profiler_active():
-            fn = partial(run_annotated, f"SWP/{labels[task.index]}/iter{ctx.iter_idx}", fn, nvtx=nvtx)
+
+def make_launches(device: Device, labels: Dict[int, str], nvtx: bool) -> Tuple[Launch, Launch]:
+    """How to run a task's function on its stream: ``(plain, annotated)``.
+
+    ``annotated`` wraps each call in a ``SWP/{label}/iter{N}`` range (a torch profiler
+    range, and an NVTX range when ``nvtx``); ``plain`` is the same as ``annotated``
+    when ``nvtx``, and otherwise calls the function directly where the device needs
+    nothing around it (the CPU: a thread group already runs its lane's units one at a
+    time, and the turns of a lane shared by several groups make them exclusive).
+    """
+
+    def annotated(task: TaskRuntime, ctx: IterContext) -> None:
+        fn = partial(run_annotated, f"SWP/{labels[task.index]}/iter{ctx.iter_idx}", task.exec_fn, nvtx=nvtx)
         device.launch(task.stream, fn, ctx, task.name)
 
-    return launch
+    if nvtx:
+        return annotated, annotated
+    if device.launches_directly:
+        def plain(task: TaskRuntime, ctx: IterContext) -> None:
+            task.exec_fn(ctx)
+    else:
+        def plain(task: TaskRuntime, ctx: IterContext) -> None:
+            device.launch(task.stream, task.exec_fn, ctx, task.name)
+    return plain, annotated
 
 
-def make_unit_runner(board: "CompletionBoard", device: Device, launch: Callable[[TaskRuntime, IterContext], None],
+def make_unit_runner(board: "CompletionBoard", device: Device, launch: Launch,
                      event_slots: int, signal_timeout: float, after_complete: Optional[AfterComplete] = None,
                      wait: Optional[Callable[..., None]] = None,
                      free: Optional[Callable[[int, IterContext], None]] = None) -> RunUnit:

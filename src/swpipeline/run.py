@@ -31,7 +31,7 @@ from .modes import Modes
 from .plan import IterContext
 from .runtime import TaskRuntime, all_turns
 from .signals import CompletionBoard
-from .worker import InlineWorker, Unit, Worker, WorkerLike
+from .worker import InlineWorker, RunUnits, Unit, Worker, WorkerLike
 
 __all__: List[str] = []
 
@@ -77,15 +77,15 @@ class Run:
 
     # -- workers --------------------------------------------------------------------------------
 
-    def start_workers(self, groups: List[str], run_unit: Callable[..., None],
+    def start_workers(self, groups: List[str], run_units: RunUnits,
                       enter_thread: Callable[[str], Callable[[], None]], inline_group: Optional[str]) -> None:
         """One worker per thread group (the inline group runs on the caller's thread instead)."""
         for group in groups:
             if group == inline_group:
-                self.inline = InlineWorker(group, run_unit, self.on_worker_error, self.board.is_aborted)
+                self.inline = InlineWorker(group, run_units, self.on_worker_error, self.board)
                 self.workers[group] = self.inline
                 continue
-            worker = Worker(group, run_unit, self.on_worker_error, self.board.is_aborted, enter_thread(group))
+            worker = Worker(group, run_units, self.on_worker_error, self.board, enter_thread(group))
             self.workers[group] = worker  # registered before it starts, so that stop() always sees it
             worker.start()
 
@@ -122,7 +122,6 @@ class Run:
                           f"in-flight iterations {sorted(self.contexts)} were abandoned")
             raise
         ctx = IterContext(batch, idx)
-        self.board.open_iteration(idx, len(self.tasks))  # before any thread can see the context
         self.num_created = idx + 1
         self.contexts[idx] = ctx
         self.peak_live_contexts = max(self.peak_live_contexts, len(self.contexts))
@@ -144,7 +143,6 @@ class Run:
             for task in self.tasks:
                 if task.waits_at_retire and task.events is not None:
                     self.device.wait(default, task.events[slot])
-        board.retire(oldest)
         self.last_ctx = self.contexts.pop(oldest)
         self.next_retire = oldest + 1
         return oldest

@@ -18,8 +18,13 @@ Guarantees:
   soon as ``abort()`` is called, so no thread waits on a failed pipeline.
 * ``wait_iteration`` returns once every task of the iteration is done, with the
   same timeout/abort behaviour.
-* Fast paths read a list element without the lock (atomic under the GIL); all
-  writes and every slow-path check happen under the single lock.
+* Completing takes no lock unless someone waits on the task: ``complete`` writes the
+  counter, then reads the task's waiter count; a waiter raises that count (under the
+  lock) before it reads the counter. Whatever the interleaving, either the waiter sees
+  the new counter or the completer sees the waiter and notifies it under the lock, which
+  the waiter holds until it sleeps. (Each step is one list access, atomic under the GIL.)
+* An iteration is done when every task's counter has passed it: no per-iteration
+  countdown to open, decrement or retire.
 """
 
 from __future__ import annotations
@@ -34,33 +39,22 @@ __all__: List[str] = []
 
 
 class CompletionBoard:
-    """Per-task completion counters and per-iteration countdowns, under one lock."""
+    """Per-task completion counters, and waits on them, under one lock."""
 
     def __init__(self, task_names: List[str]) -> None:
         self.names = task_names
         self.lock = threading.Lock()
         self._task_cond = [threading.Condition(self.lock) for _ in task_names]
-        self._iter_cond = threading.Condition(self.lock)
         self.done: List[int] = [0] * len(task_names)
-        self._waiters = [0] * len(task_names)  # threads in wait_task, per task (notify only if any)
-        self._iter_waiter = False
-        self._remaining: Dict[int, int] = {}
+        self._waiters = [0] * len(task_names)  # threads waiting on each task (changed under the lock only)
         self.aborted = False
 
-    def open_iteration(self, iter_idx: int, num_tasks: int) -> None:
-        with self.lock:
-            self._remaining[iter_idx] = num_tasks
-
     def complete(self, task: int, iter_idx: int) -> None:
-        """Mark ``task`` done for ``iter_idx`` and wake whoever waits on it."""
-        with self.lock:
-            self.done[task] = iter_idx + 1
-            if self._waiters[task]:
+        """Mark ``task`` done for ``iter_idx`` and wake whoever waits on it (see the module docstring)."""
+        self.done[task] = iter_idx + 1
+        if self._waiters[task]:
+            with self.lock:
                 self._task_cond[task].notify_all()
-            left = self._remaining[iter_idx] - 1
-            self._remaining[iter_idx] = left
-            if left == 0 and self._iter_waiter:
-                self._iter_cond.notify_all()
 
     def wait_task(self, task: int, iter_idx: int, timeout: float, waiter: str, waiter_iter: int) -> None:
         """Block until ``task`` is done for ``iter_idx`` (the caller checked the fast path)."""
@@ -80,29 +74,28 @@ class CompletionBoard:
                 self._waiters[task] -= 1
 
     def is_iteration_done(self, iter_idx: int) -> bool:
-        return self._remaining.get(iter_idx, 0) == 0
-
-    def is_aborted(self) -> bool:
-        return self.aborted
+        return min(self.done) > iter_idx
 
     def wait_iteration(self, iter_idx: int, timeout: float, failed: Callable[[], bool]) -> bool:
         """Block until every task of ``iter_idx`` is done (True), ``failed()`` turns true, or time runs out."""
         deadline = time.monotonic() + timeout
-        with self.lock:
-            self._iter_waiter = True  # only the thread calling progress() waits here
-            try:
-                while self._remaining[iter_idx] > 0 and not failed():
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return False
-                    self._iter_cond.wait(left)
-            finally:
-                self._iter_waiter = False
+        done = self.done
+        for task, cond in enumerate(self._task_cond):
+            if done[task] > iter_idx:
+                continue
+            with self.lock:
+                self._waiters[task] += 1
+                try:
+                    while done[task] <= iter_idx:
+                        if failed():
+                            return True
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            return False
+                        cond.wait(left)
+                finally:
+                    self._waiters[task] -= 1
         return True
-
-    def retire(self, iter_idx: int) -> None:
-        with self.lock:
-            del self._remaining[iter_idx]
 
     def unfinished(self, iter_idx: int) -> List[str]:
         return [n for n, d in zip(self.names, self.done) if d <= iter_idx]
@@ -113,7 +106,6 @@ class CompletionBoard:
             self.aborted = True
             for cond in self._task_cond:
                 cond.notify_all()
-            self._iter_cond.notify_all()
 
 
 Key = Tuple[int, int]  # (task index, iteration)

@@ -12,6 +12,8 @@ Guarantees:
 * a worker never dies silently: an exception from a unit (or from its thread's
   set-up) is handed to ``report``, which cannot fail, and the worker then stops;
 * after its run is aborted a worker starts no further unit: it checks before each;
+* units run through the run's plain executor, or through its annotated one (a profiler
+  range per unit) while a torch profiler records: asked once per queue item;
 * ``current`` is the unit it is running (None between units), so that a straggler
   can be named and a task that drives its own pipeline can be recognised;
 * when the pipeline it works for is garbage-collected, the worker ends its run and
@@ -32,16 +34,24 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Deque, List, Optional, Protocol, Sequence, Tuple, Union
 
 import torch
 
+from .annotations import profiler_active
 from .modes import Modes
 
 __all__: List[str] = []
 
 Unit = Tuple[Any, ...]
 Report = Callable[[BaseException, Optional[Unit]], None]
+RunUnits = Tuple[Callable[..., None], Callable[..., None]]  # (plain, annotated): see _UnitRunner
+
+
+class Aborted(Protocol):
+    """What a worker reads before each unit: whether its run was aborted (the run's CompletionBoard)."""
+
+    aborted: bool
 _STOP = object()
 _PR_SET_NAME = 15  # linux/prctl.h
 
@@ -110,14 +120,16 @@ class _UnitRunner:
 
     current: Optional[Unit]  # the unit being run (None between units)
     _run_unit: Callable[..., None]
+    _annotated_unit: Callable[..., None]
     _report: Report
-    _is_aborted: Callable[[], bool]
+    _board: Aborted
 
     def _run_units(self, units: Sequence[Unit]) -> bool:
         """Run ``units`` in order; False if the worker must end (its run was aborted, or a unit failed)."""
-        run_unit, is_aborted = self._run_unit, self._is_aborted
+        run_unit = self._annotated_unit if profiler_active() else self._run_unit
+        board = self._board
         for unit in units:
-            if is_aborted():
+            if board.aborted:
                 return False
             self.current = unit
             try:
@@ -133,14 +145,14 @@ class _UnitRunner:
 class Worker(_UnitRunner):
     """A thread that runs the units put to it, in order, until stopped, aborted or failed."""
 
-    def __init__(self, group: str, run_unit: Callable[..., None], report: Report, is_aborted: Callable[[], bool],
+    def __init__(self, group: str, run_units: RunUnits, report: Report, board: Aborted,
                  enter_thread: Callable[[], None]) -> None:
         self.group = group
         self.current: Optional[Unit] = None
         self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
-        self._run_unit = run_unit
+        self._run_unit, self._annotated_unit = run_units
         self._report = report
-        self._is_aborted = is_aborted
+        self._board = board
         self._enter_thread = enter_thread
         self._launched = False
         self._orphaned: Callable[[], None] = _nothing
@@ -233,15 +245,14 @@ class InlineWorker(_UnitRunner):
     the first failure (reported through ``report``) exactly as a worker thread does.
     """
 
-    def __init__(self, group: str, run_unit: Callable[..., None], report: Report,
-                 is_aborted: Callable[[], bool]) -> None:
+    def __init__(self, group: str, run_units: RunUnits, report: Report, board: Aborted) -> None:
         self.group = group
         self.current: Optional[Unit] = None
         self.thread: Optional[threading.Thread] = None
         self._queue: Deque[Tuple[Optional[Modes], Sequence[Unit]]] = collections.deque()
-        self._run_unit = run_unit
+        self._run_unit, self._annotated_unit = run_units
         self._report = report
-        self._is_aborted = is_aborted
+        self._board = board
 
     def put(self, units: Sequence[Unit], modes: Optional[Modes] = None) -> None:
         self._queue.append((modes, units))
