@@ -1,4 +1,4 @@
-"""Engine overhead per task: no-op tasks through SWPipeline vs a plain Python loop.
+"""Engine overhead per task: no-op tasks through both engines vs a plain Python loop.
 
 What is measured
     A TorchRec-SparseDist-shaped plan of 8 no-op tasks over 3 stages::
@@ -9,28 +9,35 @@ What is measured
                  (Forward also waits for ZeroGrad; Forward and ZeroGrad wait for
                   OptimizerStep of the previous iteration)
 
-    is run three ways on the same ``range(iters)`` data:
+    in two configurations: every task in one thread group ("one-group"), and the
+    stages' tasks in three thread groups h2d / dist / default ("three-groups"),
+    each run these ways on the same ``range(iters)`` data:
 
     * plain loop: ``for batch: ctx = IterContext(...); fn(ctx) for each task`` in serial order;
-    * ``pipe.run_serial(data)``: the engine's serial baseline (no threads);
-    * ``pipe.run(data)``: the pipelined engine, with worker threads.
-
-    in two configurations: every task in one thread group ("one-group"), and the
-    stages' tasks in three thread groups h2d / dist / default ("three-groups").
+    * ``run_serial``: the engine's serial baseline (no threads);
+    * ``run``: ``SWPipeline.run``, one worker thread per thread group;
+    * ``run, caller group``: the same with ``caller_thread_group="default"``: that group's
+      tasks run on the thread that calls ``run()``, the others (if any) on workers;
+    * ``DataFlow run``: ``DataFlowPipeline(plan, max_depth=3).run`` (as many live
+      iterations as the clock-driven engine);
+    * ``hand-off floor``: no engine at all, only the thread hand-offs a clock-driven
+      run makes: each period the caller puts a token in every group's queue, the
+      group's thread calls the no-op function once per task of the group, and the
+      caller waits until the last stage's group has done the period. What any
+      design that hands every period to worker threads pays on this machine.
 
 How to read the table
-    ``us/task`` is wall time / (iters * tasks). ``overhead`` is what the engine adds
+    ``us/task`` is wall time / (iters * tasks). ``overhead`` is what a method adds
     per task over the plain loop: ``(t_method - t_plain) / (iters * tasks)``, taken
     per repeat and summarized as median and min over ``--repeats``. Repeats
-    interleave the three methods so that machine drift hits them alike. The
-    pipelined time includes starting and joining the worker threads (amortized
-    over ``iters``). Targets: <= 5 us/task in one thread group, <= 15 us/task across
-    groups (one queue hand-off between threads costs ~9 us on a 2-core machine);
-    ``met`` compares the *median* overhead with the target.
+    interleave the methods so that machine drift hits them alike. Pipelined times
+    include starting and joining the worker threads (amortized over ``iters``).
+    Targets: <= 2 us/task in one thread group, <= 5 us/task across three, <= 5 us/task
+    for the data-flow engine; ``met`` compares the *median* overhead with the target.
 
-``--trace`` adds a fourth method, ``pipe.run(data, trace=True)``: what recording the
-timeline costs per task when it is on (off, the ``run`` row, it costs nothing: the
-workers then run the same code as without the feature).
+``--trace`` adds ``run(trace=True)``: what recording the timeline costs per task when
+it is on (off, the ``run`` row, it costs nothing: the workers then run the same code as
+without the feature).
 
 ``--profile`` runs one configuration's ``pipe.run`` under cProfile in every thread
 (main and workers, merged) and prints the top functions by tottime instead of the table.
@@ -42,6 +49,7 @@ import argparse
 import cProfile
 import io
 import pstats
+import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -72,10 +80,13 @@ INTRA_DEPS = [
 ]
 INTER_DEPS = [("ZeroGrad", "OptimizerStep"), ("Forward", "OptimizerStep")]
 
-# configuration name -> (whether tasks keep their own thread groups, overhead target in us/task)
-CONFIGS: Dict[str, Tuple[bool, float]] = {"one-group": (False, 5.0), "three-groups": (True, 15.0)}
-METHODS = ("plain loop", "run_serial", "run")
+# configuration name -> (whether tasks keep their own thread groups, SWPipeline overhead target in us/task)
+CONFIGS: Dict[str, Tuple[bool, float]] = {"one-group": (False, 2.0), "three-groups": (True, 5.0)}
+DATAFLOW_TARGET_US = 5.0
+PLAIN, SERIAL, RUN, CALLER, DATAFLOW, FLOOR = ("plain loop", "run_serial", "run", "run, caller group",
+                                               "DataFlow run", "hand-off floor")
 TRACED = "run(trace=True)"
+LAST_STAGE_GROUP = "default"
 
 
 def noop(ctx: swp.IterContext) -> None:
@@ -102,16 +113,76 @@ def time_plain_loop(fns: Sequence[Callable[[swp.IterContext], Any]], iters: int)
     return time.perf_counter() - start
 
 
-def time_methods(pipe: swp.SWPipeline, iters: int, traced: bool = False) -> Dict[str, float]:
-    """One repeat: seconds for each of METHODS (and TRACED if asked), run back to back."""
+def time_handoff_floor(units_per_group: Dict[str, int], iters: int) -> float:
+    """Seconds for the thread hand-offs of a clock-driven run alone (see FLOOR in the module docstring)."""
+    queues = {group: queue.SimpleQueue() for group in units_per_group}  # type: ignore[var-annotated]
+    finished = threading.Condition()
+    last_done = [0]
+
+    def serve(group: str) -> None:
+        get, count, signals = queues[group].get, units_per_group[group], group == LAST_STAGE_GROUP
+        while True:
+            period = get()
+            if period is None:
+                return
+            for _ in range(count):
+                noop(None)  # type: ignore[arg-type]
+            if signals:
+                with finished:
+                    last_done[0] = period
+                    finished.notify()
+
+    threads = [threading.Thread(target=serve, args=(group,)) for group in units_per_group]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for period in range(1, iters + 1):
+        for group_queue in queues.values():
+            group_queue.put(period)
+        with finished:
+            while last_done[0] < period:
+                finished.wait()
+    for group_queue in queues.values():
+        group_queue.put(None)
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - start
+
+
+@dataclass
+class Engines:
+    """The pipelines one configuration is timed with."""
+
+    pipe: swp.SWPipeline
+    caller: swp.SWPipeline
+    dataflow: swp.DataFlowPipeline
+    units_per_group: Dict[str, int]
+
+
+def build_engines(spread_groups: bool, device: str) -> Engines:
+    groups: Dict[str, int] = {}
+    for _, _, group, _ in TASK_LAYOUT:
+        key = group if spread_groups else LAST_STAGE_GROUP
+        groups[key] = groups.get(key, 0) + 1
+    return Engines(swp.SWPipeline(build_plan(spread_groups), device=device),
+                   swp.SWPipeline(build_plan(spread_groups), device=device, caller_thread_group=LAST_STAGE_GROUP),
+                   swp.DataFlowPipeline(build_plan(spread_groups), max_depth=3, device=device), groups)
+
+
+def time_methods(engines: Engines, iters: int, traced: bool = False) -> Dict[str, float]:
+    """One repeat: seconds for each method (and TRACED if asked), run back to back."""
     fns = [noop for _ in TASK_LAYOUT]
+    data = range(iters)
     seconds = {
-        "plain loop": time_plain_loop(fns, iters),
-        "run_serial": pipe.run_serial(range(iters)),
-        "run": pipe.run(range(iters)),
+        PLAIN: time_plain_loop(fns, iters),
+        SERIAL: engines.pipe.run_serial(data),
+        RUN: engines.pipe.run(data),
+        CALLER: engines.caller.run(data),
+        DATAFLOW: engines.dataflow.run(data),
+        FLOOR: time_handoff_floor(engines.units_per_group, iters),
     }
     if traced:
-        seconds[TRACED] = pipe.run(range(iters), trace=True)
+        seconds[TRACED] = engines.pipe.run(data, trace=True)
     return seconds
 
 
@@ -126,11 +197,11 @@ class ConfigResult:
 
 def measure_config(name: str, iters: int, repeats: int, device: str, traced: bool = False) -> ConfigResult:
     spread_groups, target_us = CONFIGS[name]
-    pipe = swp.SWPipeline(build_plan(spread_groups), device=device)
-    time_methods(pipe, min(iters, 300), traced)  # warm-up: imports, caches, first thread start
+    engines = build_engines(spread_groups, device)
+    time_methods(engines, min(iters, 300), traced)  # warm-up: imports, caches, first thread start
     seconds: Dict[str, List[float]] = {}
     for _ in range(repeats):
-        for method, value in time_methods(pipe, iters, traced).items():
+        for method, value in time_methods(engines, iters, traced).items():
             seconds.setdefault(method, []).append(value)
     return ConfigResult(name, target_us, seconds)
 
@@ -138,18 +209,19 @@ def measure_config(name: str, iters: int, repeats: int, device: str, traced: boo
 def result_rows(result: ConfigResult, iters: int) -> List[List[str]]:
     num_tasks = len(TASK_LAYOUT)
     per_task = {m: [s / (iters * num_tasks) * 1e6 for s in result.seconds[m]] for m in result.seconds}
+    targets = {RUN: result.target_us, CALLER: result.target_us, DATAFLOW: DATAFLOW_TARGET_US}
     rows = []
     for method in result.seconds:
         total_ms = median_and_min(result.seconds[method])[0] * 1e3
         cells = [result.name, method, f"{total_ms:.1f}", f"{total_ms * 1e3 / iters:.2f}",
                  f"{median_and_min(per_task[method])[0]:.3f}"]
-        if method == "plain loop":
+        if method == PLAIN:
             rows.append(cells + ["--", "--", "--", "--"])
             continue
-        overhead = [t - p for t, p in zip(per_task[method], per_task["plain loop"])]
+        overhead = [t - p for t, p in zip(per_task[method], per_task[PLAIN])]
         med, low = median_and_min(overhead)
-        if method == "run":
-            target, met = f"<= {result.target_us:g}", yes_no(med <= result.target_us)
+        if method in targets:
+            target, met = f"<= {targets[method]:g}", yes_no(med <= targets[method])
         else:
             target, met = "--", "--"
         rows.append(cells + [f"{med:.2f}", f"{low:.2f}", target, met])

@@ -69,8 +69,11 @@ class _Clock:
         self.lanes = [(run.workers[group].put, [(run.tasks[s.index], s.stage) for s in slots])
                       for group, slots in self.schedule.group_slots().items()]
         # With several worker threads, one just handed work may be the bottleneck: let it take the GIL
-        # at once instead of after whatever the caller does next (up to its next wait).
-        self.yield_after_hand_out = sum(isinstance(w, Worker) for w in run.workers.values()) > 1
+        # at once instead of after whatever the caller does next (up to its next wait). Not when a group
+        # runs on the caller's thread: the caller's next job is then that group's units, usually the
+        # last stage, and yielding first would put the workers' units in front of them.
+        self.yield_after_hand_out = run.inline is None and sum(isinstance(w, Worker)
+                                                              for w in run.workers.values()) > 1
         depth = self.schedule.depth
         while self.period < depth and not self.run.exhausted:
             self._release(data_iter)
