@@ -152,6 +152,38 @@ def test_cuda_memory_handed_from_a_copy_stream_is_not_reused_under_the_reader(en
     assert [float(s) for s in sums] == [float(i) * size for i in range(n)]
 
 
+@pytest.mark.parametrize("engine", ["clocked", "dataflow"])
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_a_batch_made_on_the_callers_stream_is_ready_before_a_side_stream_reads_it(engine: str) -> None:
+    # The data iterator makes each batch on the caller's stream, its values written after a ~1 ms spin;
+    # Prep reads it on its own stream. Without the event recorded after the batch is drawn, Prep's
+    # kernel would run during the spin and sum zeros.
+    n, size = 12, 1 << 20
+    sums: List[torch.Tensor] = []
+
+    def batches() -> Any:
+        for i in range(n):
+            batch = torch.zeros(size, device="cuda")
+            torch.cuda._sleep(2_000_000)
+            batch.fill_(float(i))
+            yield batch
+
+    def prep(ctx: IterContext) -> None:
+        ctx.total = ctx.batch.sum()
+
+    def train(ctx: IterContext) -> None:
+        sums.append(ctx.total * 1)
+
+    p, t = PipelineTask("Prep", prep), PipelineTask("Train", train)
+    plan = PipelinePlan({p: TaskSchedule(stage=0, stream="prep", thread_group="prep"), t: TaskSchedule(stage=1)},
+                        intra_iter_deps=[(t, p)])
+    pipe: Any = SWPipeline(plan, device="cuda") if engine == "clocked" else DataFlowPipeline(plan, 3, device="cuda")
+    pipe.run(batches())
+    torch.cuda.synchronize()
+    assert [float(s) for s in sums] == [float(i) * size for i in range(n)]
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_two_thread_groups_and_the_caller_share_the_default_stream() -> None:
@@ -217,4 +249,4 @@ def test_cuda_autocast_of_the_caller_reaches_the_workers(engine: str) -> None:
     with torch.autocast("cuda", dtype=torch.bfloat16):
         pipe.run(data)
     torch.cuda.synchronize()
-    assert all(out[i].dtype == torch.bfloat16 and torch.equal(out[i], serial[i]) for i in range(6))
+    assert [(out[i].dtype, torch.equal(out[i], serial[i])) for i in range(6)] == [(torch.bfloat16, True)] * 6

@@ -40,6 +40,11 @@ def prove(pipe: SWPipeline, sim: SimulatedDevice, num_iters: int) -> int:
     return proofs
 
 
+def fetch_positions(sim: SimulatedDevice) -> Dict[int, Tuple[str, int]]:
+    """Iteration -> (stream, position) where its batch was drawn."""
+    return {op[1]: (name, pos) for name, ops in sim.log.items() for pos, op in enumerate(ops) if op[0] == "fetch"}
+
+
 def waits_before_launch(sim: SimulatedDevice, stream: str, pos: int) -> Set[Tuple[str, int]]:
     """The event positions waited on between the previous launch on ``stream`` and the one at ``pos``."""
     found = set()
@@ -71,9 +76,14 @@ def test_cross_stream_waits_name_the_producers_own_record() -> None:
     pipe = SWPipeline(plan, device=sim)
     pipe.run(range(12))
     launches = sim.launches()
+    fetches = fetch_positions(sim)
     # D is a sink on a side stream: retiring an iteration makes the default stream wait for it.
     retire_waits = {launches[("D", j)] for j in range(12)}
     for (task, it), (stream, pos) in launches.items():
+        if task == "A":  # the iteration's first task, on a side stream: it waits for its batch to be drawn
+            assert sim.happens_before(fetches[it], (stream, pos))
+            batch_waits = {w for w in waits_before_launch(sim, stream, pos) if w[0] == "default"}
+            assert len(batch_waits) == 1 and min(batch_waits)[1] >= fetches[it][1], it
         expected = set()
         for producer in expected_producer(plan, task, it):
             p_stream, p_pos = launches[producer]
@@ -82,6 +92,8 @@ def test_cross_stream_waits_name_the_producers_own_record() -> None:
                 assert sim.log[p_stream][p_pos + 1][0] == "record"
                 expected.add((p_stream, p_pos))
         waits = waits_before_launch(sim, stream, pos)
+        if task == "A":
+            waits = {w for w in waits if w[0] != "default"}
         assert expected <= waits and waits - expected <= retire_waits, (task, it)
         if stream != "default":
             assert waits == expected, (task, it)
@@ -94,8 +106,12 @@ def test_same_stream_dependencies_need_no_event() -> None:
     pipe = SWPipeline(make_plan(ExecLog(), spec, intra=[("B", "A")]), device=sim)
     pipe.run(range(5))
     ops = [op[0] for op in sim.log["s"]]
-    # Stream FIFO orders A before B: no wait. B records only for the caller's stream at retirement.
-    assert (ops.count("launch"), ops.count("record"), ops.count("wait")) == (10, 5, 0)
+    # Stream FIFO orders A before B: no wait between them. A, the first task of its iteration, waits
+    # for its batch (drawn on the default stream); B records only for the caller's stream at retirement.
+    assert (ops.count("launch"), ops.count("record"), ops.count("wait")) == (10, 5, 5)
+    fetches = fetch_positions(sim)
+    launches = sim.launches()
+    assert all(sim.happens_before(fetches[i], launches[("A", i)]) for i in range(5))
     b_records = [p for p, op in enumerate(sim.log["s"]) if op[0] == "record"]
     for k, p in enumerate(b_records):  # the k-th record comes after B's k-th launch
         assert sum(1 for op in sim.log["s"][:p] if op[:2] == ("launch", "B")) >= k + 1

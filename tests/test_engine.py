@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -220,9 +221,10 @@ def test_tasks_on_one_stream_never_overlap_on_cpu() -> None:
         assert end <= start
 
 
-def test_device_resolution(caplog: pytest.LogCaptureFixture) -> None:
+def test_device_resolution(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("swpipeline.device.machine_accelerator", lambda: None)  # a machine without one
     plan = sparse_dist_plan(ExecLog())
-    assert isinstance(SWPipeline(plan).device, CPUDevice)  # no accelerator here
+    assert isinstance(SWPipeline(plan).device, CPUDevice)
     with caplog.at_level(logging.WARNING, logger="swpipeline"):
         pipe = SWPipeline(plan, device=0)
     assert isinstance(pipe.device, CPUDevice) and "no accelerator" in caplog.text
@@ -273,11 +275,29 @@ def test_ranges_are_annotated_only_when_a_profiler_records(monkeypatch: pytest.M
     assert {"SWP_serial/A/iter0", "SWP_serial/A/iter1"} <= names
 
 
-def test_emit_nvtx_is_ignored_without_cuda(caplog: pytest.LogCaptureFixture) -> None:
+def test_emit_nvtx_is_ignored_without_cuda(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("swpipeline.annotations.nvtx_available", lambda: False)
     pipe = SWPipeline(sparse_dist_plan(ExecLog()), device="cpu")
     with caplog.at_level(logging.WARNING, logger="swpipeline"):
         assert pipe.run(range(3), emit_nvtx=True) > 0
     assert "emit_nvtx=True ignored" in caplog.text
+
+
+def test_emit_nvtx_opens_a_range_per_unit_where_cuda_is(caplog: pytest.LogCaptureFixture,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # With CUDA present NVTX marks the host timeline whatever device the pipeline computes on.
+    pushed: List[str] = []
+    monkeypatch.setattr("swpipeline.annotations.nvtx_available", lambda: True)
+    monkeypatch.setattr("swpipeline.annotations._range_push", pushed.append)
+    monkeypatch.setattr("swpipeline.annotations._range_pop", lambda: pushed.append("pop"))
+    monkeypatch.setattr("swpipeline.annotations.emit_nvtx_context", contextlib.nullcontext)  # autograd's ranges
+    a = PipelineTask("A", lambda ctx: None)
+    pipe = SWPipeline(PipelinePlan({a: TaskSchedule(thread_group="w")}), device="cpu")
+    with caplog.at_level(logging.WARNING, logger="swpipeline"):
+        pipe.run(range(2), emit_nvtx=True)
+        pipe.run_serial(range(1), emit_nvtx=True)
+    assert pushed == ["SWP/A/iter0", "pop", "SWP/A/iter1", "pop", "SWP_serial/A/iter0", "pop"]
+    assert caplog.text == ""
 
 
 def test_seed_api_example_runs_unchanged() -> None:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 import torch
 
 from engine_helpers import swp_threads
-from swpipeline import (DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, SimulatedDevice, SWPipeline,
-                        TaskSchedule, TorchDevice)
+from swpipeline import (DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, SharedStreamWarning,
+                        SimulatedDevice, SWPipeline, TaskSchedule, TorchDevice)
 from swpipeline import lifetime
 
 ENGINES = ["SWPipeline", "DataFlowPipeline"]
@@ -170,7 +170,7 @@ def test_a_missing_cross_stream_dependency_is_reported(engine: str) -> None:
         copied[ctx.iter_idx].set()
 
     def forward(ctx: IterContext) -> None:
-        assert copied[ctx.iter_idx].wait(5)
+        assert copied[ctx.iter_idx].wait(60)
         ctx.y = ctx.x * 2
 
     plan = PipelinePlan({PipelineTask("H2D", h2d): TaskSchedule(stage=0, stream="copy", thread_group="io"),
@@ -180,6 +180,76 @@ def test_a_missing_cross_stream_dependency_is_reported(engine: str) -> None:
     unordered = [h for h in device.hazards if "without waiting" in h]
     assert unordered == [f"Forward(i{i}) on stream 'default' reads a storage allocated by H2D(i{i}) on stream "
                          f"'copy', which H2D(i{i}) on stream 'copy' wrote, without waiting for it" for i in range(4)]
+
+
+def prep_on_a_side_stream(results: Dict[int, float]) -> PipelinePlan:
+    """Prep reads the batch on its own stream and thread group; Train uses Prep's output on the default stream."""
+
+    def prep(ctx: IterContext) -> None:
+        ctx.x = ctx.batch * 2
+
+    def train(ctx: IterContext) -> None:
+        results[ctx.iter_idx] = float(ctx.x.sum())
+
+    p, t = PipelineTask("Prep", prep), PipelineTask("Train", train)
+    return PipelinePlan({p: TaskSchedule(stage=0, stream="prep", thread_group="prep"), t: TaskSchedule(stage=1)},
+                        intra_iter_deps=[(t, p)])
+
+
+def batches_made_while_drawn(n: int) -> Iterator[torch.Tensor]:
+    """A data iterator that makes each batch with tensor operations (on the caller's current stream)."""
+    for i in range(n):
+        yield torch.arange(4.0) + i
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_batch_made_on_the_callers_stream_is_read_on_another_stream_only_after_it(engine: str) -> None:
+    results: Dict[int, float] = {}
+    device = SimulatedDevice(behind_host=True)
+    make(engine, prep_on_a_side_stream(results), device).run(batches_made_while_drawn(6))
+    assert results == {i: float(((torch.arange(4.0) + i) * 2).sum()) for i in range(6)}
+    assert device.hazards == []
+    # Prep(i) waits for the event recorded on the caller's stream right after batch i was drawn
+    launches = sim_positions(device, "fetch")
+    for i in range(6):
+        assert device.happens_before(launches[i], device.launches()[("Prep", i)])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_without_the_batch_event_the_model_reports_the_unordered_read(engine: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # The control: a GPU would run Prep's kernels before the batch is made (the GPU run that found this
+    # read batches made on the default stream from a side stream while other processes kept the GPU busy).
+    def draw_without_event(self: Any, data_iter: Iterator[Any], idx: int) -> Any:
+        return self.device.fetch(self.device.caller_stream(), data_iter, idx)
+
+    monkeypatch.setattr("swpipeline.run.Run._fetch_on_device", draw_without_event)
+    device = SimulatedDevice(behind_host=True)
+    make(engine, prep_on_a_side_stream({}), device).run(batches_made_while_drawn(4))
+    assert device.hazards == [
+        f"Prep(i{i}) on stream 'prep' reads a storage allocated by the data iterator (batch {i}) on stream "
+        f"'default', which the data iterator (batch {i}) on stream 'default' wrote, without waiting for it"
+        for i in range(4)]
+
+
+def test_a_batch_drawn_on_the_stream_of_every_reader_needs_no_event() -> None:
+    # Every task that reads the batch first runs on the stream it is drawn on: nothing to record or wait.
+    device = SimulatedDevice(behind_host=True)
+    results: Dict[int, float] = {}
+    prep = PipelineTask("Prep", lambda ctx: setattr(ctx, "x", ctx.batch * 2))
+    train = PipelineTask("Train", lambda ctx: results.__setitem__(ctx.iter_idx, float(ctx.x.sum())))
+    plan = PipelinePlan({prep: TaskSchedule(stage=0, thread_group="prep"), train: TaskSchedule(stage=1)},
+                        intra_iter_deps=[(train, prep)])
+    with pytest.warns(SharedStreamWarning):
+        pipe = SWPipeline(plan, device=device)
+    pipe.run(batches_made_while_drawn(3))
+    assert results == {i: float(((torch.arange(4.0) + i) * 2).sum()) for i in range(3)}
+    assert device.hazards == [] and [op[0] for op in device.log["default"] if op[0] in ("record", "wait")] == []
+
+
+def sim_positions(device: SimulatedDevice, kind: str) -> Dict[int, Tuple[str, int]]:
+    """Iteration -> (stream, position) of each ``(kind, iteration)`` op in the device's log."""
+    return {op[1]: (name, pos) for name, ops in device.log.items() for pos, op in enumerate(ops) if op[0] == kind}
 
 
 def test_a_side_stream_sinks_tensors_are_kept_for_the_callers_stream() -> None:
@@ -215,7 +285,8 @@ def test_the_run_uses_the_stream_current_on_the_filling_thread_as_default() -> N
         pipe.run(range(2))
     pipe.run(range(1))
     assert seen == ["mine", "mine", "default"]
-    assert [op[0] for op in device.log["mine"]] == ["launch", "launch"]
+    # the batches are drawn on it too (the third draw finds the end of the data)
+    assert [op[0] for op in device.log["mine"]] == ["fetch", "launch", "fetch", "launch", "fetch"]
 
 
 def test_filling_inside_a_stream_the_plan_names_is_refused() -> None:
@@ -321,7 +392,8 @@ def test_torch_device_named_streams_get_their_priority(fake_accelerator: None) -
         TorchDevice("xpu:0", stream_priorities={"memcpy": 1})
 
 
-def test_devices_refuse_what_they_cannot_be() -> None:
+def test_devices_refuse_what_they_cannot_be(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("swpipeline.device.machine_accelerator", lambda: None)  # whatever this machine has
     with pytest.raises(ValueError, match=r"TorchDevice\('cpu'\): this machine's accelerator is absent; a TorchDevice "
                                          r"drives an accelerator \(for the CPU, pass device=\"cpu\" or CPUDevice\(\)\)"):
         TorchDevice("cpu")

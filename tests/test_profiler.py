@@ -24,16 +24,53 @@ def sleep_plan(costs_ms: List[float]) -> PipelinePlan:
                         intra_iter_deps=[(b, a) for a, b in zip(tasks, tasks[1:])])
 
 
-def test_exposed_times_rank_and_scale_like_the_injected_costs() -> None:
-    pipe = SWPipeline(sleep_plan([1, 9, 3, 0]), device="cpu")
-    result = TaskProfiler(pipe).profile(None, num_warmup=1, num_measure=4, num_rounds=3)
-    exposed = result.exposed_s
-    assert list(exposed) == ["T1ms", "T9ms", "T3ms", "T0ms"]  # serial order
-    assert sorted(exposed, key=exposed.__getitem__, reverse=True)[:3] == ["T9ms", "T3ms", "T1ms"]
-    assert 0.006 < exposed["T9ms"] < 0.014  # generous: 9 ms injected
-    assert exposed["T9ms"] > 2 * exposed["T3ms"] > 2 * exposed["T1ms"]
-    assert exposed["T0ms"] < exposed["T1ms"]
-    assert 0.012 < result.baseline_s < 0.030  # 13 ms of sleeps plus overhead
+class VirtualClock:
+    """A clock that only tasks move: each task advances it by its cost, so every timing is exact."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def task(self, name: str, ms: float) -> PipelineTask:
+        def fn(ctx: IterContext) -> None:
+            self.now += ms / 1000
+            setattr(ctx, name, ms)
+        return PipelineTask(name, fn)
+
+
+def test_exposed_times_are_what_each_task_costs(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = VirtualClock()
+    monkeypatch.setattr("swpipeline.profiler.time", clock)
+    costs = {"T1ms": 1.0, "T9ms": 9.0, "T3ms": 3.0, "T0ms": 0.0}
+    tasks = [clock.task(name, ms) for name, ms in costs.items()]
+    plan = PipelinePlan({t: TaskSchedule() for t in tasks}, intra_iter_deps=[(b, a) for a, b in zip(tasks, tasks[1:])])
+    result = TaskProfiler(SWPipeline(plan, device="cpu")).profile(None, num_warmup=1, num_measure=4, num_rounds=3)
+    assert list(result.exposed_s) == list(costs)  # serial order
+    assert result.exposed_s == pytest.approx({name: ms / 1000 for name, ms in costs.items()}, abs=1e-12)
+    assert result.baseline_s == pytest.approx(0.013, abs=1e-12)
+
+
+def test_a_drifting_machine_is_cancelled_by_pairing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every timed block runs 10% slower than the one before (a machine slowing down); each shortcut block is
+    # compared with the baseline block measured just before it, so the drift shows only as that 10%.
+    clock = VirtualClock()
+    monkeypatch.setattr("swpipeline.profiler.time", clock)
+    blocks = [0]
+    real_round = TaskProfiler._timed_round
+
+    def drifting_round(self: TaskProfiler, batch: Any, num_measure: int) -> float:
+        blocks[0] += 1
+        return real_round(self, batch, num_measure) * 1.1 ** blocks[0]
+
+    monkeypatch.setattr(TaskProfiler, "_timed_round", drifting_round)
+    a, b = clock.task("A", 2.0), clock.task("B", 8.0)
+    plan = PipelinePlan({a: TaskSchedule(), b: TaskSchedule()}, intra_iter_deps=[(b, a)])
+    result = TaskProfiler(SWPipeline(plan, device="cpu")).profile(None, num_warmup=0, num_measure=1, num_rounds=1)
+    # A: baseline block 1 (10 ms x 1.1), then 8 ms x 1.1^2; B: baseline block 3 (10 ms x 1.1^3), then 2 ms x 1.1^4
+    assert result.exposed_s == pytest.approx({"A": 0.010 * 1.1 - 0.008 * 1.1 ** 2,
+                                              "B": 0.010 * 1.1 ** 3 - 0.002 * 1.1 ** 4}, abs=1e-12)
 
 
 def test_profiling_restores_the_shortcut_state_and_respects_skip_tasks() -> None:

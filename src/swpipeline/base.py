@@ -139,7 +139,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
 
             def executor(launch: Launch) -> RunUnit:
                 run_unit = make_unit_runner(run.board, self.device, launch, self._event_slots, self.signal_timeout,
-                                            policy.after_complete, wait, free)
+                                            policy.after_complete, wait, free, run.batch_events, run.batch_streams)
                 return traced(run_unit, recorder) if recorder is not None else run_unit
 
             plain, annotated = make_launches(self.device, labels, self._nvtx)

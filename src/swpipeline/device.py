@@ -19,7 +19,9 @@ Guarantees the engines rely on:
   which several threads may use at once), and the thread's previous stream is
   restored afterwards.
 * ``caller_stream()`` is the stream current on the calling thread: a pipeline's
-  ``"default"`` stream for a run is the one current on the thread that fills it.
+  ``"default"`` stream for a run is the one current on the thread that fills it, and a
+  batch is drawn (``fetch``) on the one current when it is drawn; tasks on other streams
+  that read it first wait for an event recorded there right after.
 * ``keep_alive(tensor, stream)`` keeps the tensor's memory from being reused until
   ``stream``'s work submitted so far is done (``Tensor.record_stream``), for devices
   that ``tracks_memory``. Whether
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Union
 
 import torch
 
@@ -129,6 +131,11 @@ class Device:
     def launches_directly(self) -> bool:
         """Whether ``launch`` only calls the function (as on the CPU): the engine then calls it itself."""
         return type(self).launch is Device.launch
+
+    def fetch(self, stream: Any, data_iter: Iterator[Any], iter_idx: int) -> Any:
+        """``next(data_iter)`` on the calling thread, where ``stream`` is current: what the data iterator
+        does on the device goes to ``stream`` (a device that models streams sees it there)."""
+        return next(data_iter)
 
     def new_event(self) -> Any:
         return None

@@ -2,6 +2,8 @@
 
 A unit ``(task, ctx, period)`` runs on its thread group's worker::
 
+    if it reads the batch first:        # no producer in its iteration, on a device with events
+        device.wait(stream, batch_event)  #   only if the caller drew the batch on another stream
     for dep in deps:                    # intra: iteration i; inter: iteration i-1
         wait(dep, it)                   # phase 1: CPU signal (returns at once if done)
         device.wait(stream, event)      # phase 2: only if dep ran on another stream
@@ -24,7 +26,7 @@ branch anywhere.
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .annotations import run_annotated
 from .device import Device
@@ -73,8 +75,14 @@ def make_launches(device: Device, labels: Dict[int, str], nvtx: bool) -> Tuple[L
 def make_unit_runner(board: "CompletionBoard", device: Device, launch: Launch,
                      event_slots: int, signal_timeout: float, after_complete: Optional[AfterComplete] = None,
                      wait: Optional[Callable[..., None]] = None,
-                     free: Optional[Callable[[int, IterContext], None]] = None) -> RunUnit:
-    """The unit executor of one run (see the module docstring)."""
+                     free: Optional[Callable[[int, IterContext], None]] = None,
+                     batch_events: Sequence[Any] = (), batch_streams: Sequence[Any] = ()) -> RunUnit:
+    """The unit executor of one run (see the module docstring).
+
+    ``batch_events[i % event_slots]`` is recorded on stream ``batch_streams[i % event_slots]``
+    after the caller drew iteration ``i``'s batch (``Run.fetch``), a stream of None meaning
+    that no task needs to wait for it.
+    """
     done = board.done
     complete = board.complete
     wait_task = wait or board.wait_task
@@ -108,6 +116,10 @@ def make_unit_runner(board: "CompletionBoard", device: Device, launch: Launch,
     def run_unit(task: TaskRuntime, ctx: IterContext, period: Optional[int]) -> None:
         i = ctx.iter_idx
         stream = task.stream
+        if task.waits_batch:
+            drawn_on = batch_streams[i % slots]
+            if drawn_on is not None and drawn_on != stream:
+                device.wait(stream, batch_events[i % slots])
         for dep, dep_events in task.intra:
             if done[dep] <= i:
                 wait_task(dep, i, timeout, task.name, i)

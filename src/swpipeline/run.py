@@ -70,6 +70,12 @@ class Run:
         self.deferred: Optional[Tuple[int, Optional[Iterator[Any]]]] = None  # see progress(advance=False)
         self.policy: Any = None  # the engine's scheduling for this run (see base.Policy)
         self.modes: Optional[Modes] = None  # the torch modes of the driving call handing out work (modes.py)
+        # On a device with events, per event slot: the event recorded on the stream the caller drew that
+        # iteration's batch on, and that stream (None: no task needs to wait for it); see fetch().
+        # The events are made when first needed.
+        self._batch_roots = list({id(t.stream): t.stream for t in tasks if t.waits_batch}.values())
+        self.batch_events: List[Any] = []
+        self.batch_streams: List[Any] = [None] * event_slots
 
     @property
     def active(self) -> bool:
@@ -113,7 +119,7 @@ class Run:
             return None
         idx = self.num_created
         try:
-            batch = next(data_iter)
+            batch = self._fetch_on_device(data_iter, idx) if self._batch_roots else next(data_iter)
         except StopIteration:
             self.exhausted = True
             return None
@@ -126,6 +132,26 @@ class Run:
         self.contexts[idx] = ctx
         self.peak_live_contexts = max(self.peak_live_contexts, len(self.contexts))
         return ctx
+
+    def _fetch_on_device(self, data_iter: Iterator[Any], idx: int) -> Any:
+        """The next batch, and an event after it on the caller's current stream for the tasks that read it.
+
+        Whatever the data iterator does on the device (a copy, a collate on the GPU) goes to
+        the stream current on this thread. A task with no producer in its iteration that
+        runs on another stream waits for this event before it starts (``executor``); every
+        other task follows one of those, or runs on this stream after it.
+        """
+        device, slot = self.device, idx % self.event_slots
+        stream = device.caller_stream()
+        batch = device.fetch(stream, data_iter, idx)
+        if any(root != stream for root in self._batch_roots):
+            if not self.batch_events:
+                self.batch_events.extend(device.new_event() for _ in range(self.event_slots))
+            device.record(self.batch_events[slot], stream)
+            self.batch_streams[slot] = stream
+        else:
+            self.batch_streams[slot] = None
+        return batch
 
     def retire_oldest(self) -> int:
         """Wait for the oldest iteration in flight to complete and retire it; raise the run's failure if any."""

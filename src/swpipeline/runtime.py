@@ -25,7 +25,7 @@ class TaskRuntime:
 
     __slots__ = ("name", "index", "task", "stage", "group", "stream", "stream_label", "globally_ordered",
                  "shares_stream", "intra", "inter", "intra_deps", "inter_deps", "needs_events", "events",
-                 "waits_at_retire", "exec_fn", "turns", "stream_turns", "consumers", "keep_for", "plain")
+                 "waits_at_retire", "waits_batch", "exec_fn", "turns", "stream_turns", "consumers", "keep_for", "plain")
 
     def __init__(self, index: int, task: PipelineTask, stage: int, group: str, stream: Any,
                  stream_label: str, globally_ordered: bool) -> None:
@@ -43,6 +43,9 @@ class TaskRuntime:
         self.inter_deps: List[Tuple[int, bool]] = []
         self.needs_events = False  # a consumer on another stream waits on it, or the caller does at retirement
         self.waits_at_retire = False  # a sink on a side stream: the caller's stream waits on it
+        # no producer in its iteration: on a device with events, it waits for the batch to be ready on the
+        # stream the caller drew it on (run.Run.fetch), unless it runs on that stream
+        self.waits_batch = False
         self.shares_stream = False  # its stream is used by several thread groups: units take turns on it
         self.consumers: Tuple[int, ...] = ()  # every task that depends on it, directly or not (lifetime.py)
         # bound per run (bind_run): the same, with the producers' events of that run
@@ -77,6 +80,7 @@ def build_tasks(plan: PipelinePlan, device: Device) -> List[TaskRuntime]:
         t.shares_stream = len(groups_on[id(t.stream)]) > 1
         t.waits_at_retire = t.name not in consumed and t.stream != default
         t.needs_events = device.uses_events and (t.name in cross_stream or t.waits_at_retire)
+        t.waits_batch = device.uses_events and not plan.intra[t.name]
         t.intra_deps = [(by_name[d].index, by_name[d].stream != t.stream) for d in plan.intra[t.name]]
         t.inter_deps = [(by_name[d].index, by_name[d].stream != t.stream) for d in plan.inter[t.name]]
     for t, reach in zip(tasks, _consumers(plan)):

@@ -2,7 +2,8 @@
 
 ``SimulatedDevice()`` runs tasks like the CPU device (a stream is a lane) and keeps, per
 stream, the FIFO of operations a GPU would receive: ``("launch", task, iter)``,
-``("record", event_id)``, ``("wait", (stream, position))``. ``happens_before`` answers
+``("record", event_id)``, ``("wait", (stream, position))``, and ``("fetch", iter)`` where
+the caller drew a batch. ``happens_before`` answers
 what a GPU must order; the engine's tests prove every dependency with it.
 
 ``SimulatedDevice(behind_host=True)`` models streams that run *behind* the host, as
@@ -22,8 +23,10 @@ reports, in ``hazards``:
 * **two threads inside one stream object's context** (``with stream:`` keeps the
   stream to restore in one slot on the object, so concurrent use corrupts it).
 
-Storages created outside any launch (the batch, model weights) count as host memory:
-their accesses are ordered, their lifetime is the caller's business.
+The data iterator runs as work on the caller's stream (``fetch``): a batch it makes
+there is the caller stream's, and a task on another stream must wait before reading it.
+Other storages created outside any launch (model weights, a list of ready batches)
+count as host memory: their accesses are ordered, their lifetime is the caller's business.
 
 Frees are noticed without callbacks (a Ctrl-C landing in Python code run by the
 garbage collector would be lost): each storage is held by a plain weak reference, and
@@ -100,7 +103,8 @@ class SimulatedDevice(Device):
 
     It runs tasks like the CPU device (a stream is a lane) and keeps in ``log``, per
     stream, the operations a GPU would receive: ``("launch", task, iter)``,
-    ``("record", event_id)`` and ``("wait", (stream, position))``; ``happens_before``
+    ``("record", event_id)``, ``("wait", (stream, position))``, and ``("fetch", iter)``
+    where the caller drew a batch (on its current stream); ``happens_before``
     answers what a GPU must order.
 
     Args:
@@ -127,6 +131,8 @@ class SimulatedDevice(Device):
         self._blocks: Dict[int, _Block] = {}  # storage data pointer -> block, while the storage lives
         self._synced: Dict[str, int] = {}  # per stream: ops before this position are known finished
         self._current = threading.local()
+        if behind_host:
+            _warm_dispatch_modes()
 
     # -- streams -----------------------------------------------------------------------------------
 
@@ -179,6 +185,17 @@ class SimulatedDevice(Device):
                     fn(ctx)
         finally:
             self._current.stream = previous
+
+    def fetch(self, stream: Any, data_iter: Iterator[Any], iter_idx: int) -> Any:
+        """Draw the batch as work on ``stream``: logged as ``("fetch", iter)``, its tensor operations watched
+        (``behind_host``) like a task's, so a task on another stream that reads the batch before an event
+        orders it after this is reported."""
+        self._sweep()
+        where = (stream.name, self._append(stream, ("fetch", iter_idx)))
+        if not self.behind_host:
+            return next(data_iter)
+        with _Watch(self, where, f"the data iterator (batch {iter_idx})"):
+            return next(data_iter)
 
     def new_event(self) -> Any:
         with self._lock:
@@ -300,12 +317,18 @@ class SimulatedDevice(Device):
                 self._freed(block)
 
     def _freed(self, block: _Block) -> None:
-        """A storage died: would its block be reused under another stream's pending work?"""
+        """A storage died: would its block be reused under another stream's pending work?
+
+        Not if the host synchronized after the use, if the block is kept for that stream,
+        or if whatever the allocating stream runs from now on is ordered after the use
+        (it waited for an event recorded after it): a reuse is work on that stream.
+        """
         with self._lock:
             if block.stream is None:
                 return
+            next_op = (block.stream, len(self.log.get(block.stream, ())))
             for stream, use in block.last_use.items():
-                finished = self._synced.get(stream, 0) > use.where[1]
+                finished = self._synced.get(stream, 0) > use.where[1] or self.happens_before(use.where, next_op)
                 if stream != block.stream and not finished and stream not in block.kept_for:
                     self._hazards.append(
                         f"use after reuse: {block.origin} was freed while {use.unit} on stream {stream!r} may "
@@ -340,6 +363,24 @@ class _Watch(TorchDispatchMode):
             if _storage_key(t) not in known:
                 self.device._touch(t, self.where, self.unit, True, True)
         return out
+
+
+class _Passthrough(TorchDispatchMode):
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+_WARM = False  # set once the first operation under a dispatch mode has run in this process
+
+
+def _warm_dispatch_modes() -> None:
+    """Pay, once and here, what torch does on the first operation under any dispatch mode (it imports
+    torch._dynamo: seconds on a busy machine), instead of inside the first watched task."""
+    global _WARM
+    if not _WARM:
+        with _Passthrough():
+            torch.zeros(1).add_(1)
+        _WARM = True
 
 
 def _tensors(values: List[Any]) -> Iterator[torch.Tensor]:
