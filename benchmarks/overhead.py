@@ -15,16 +15,21 @@ What is measured
 
     * plain loop: ``for batch: ctx = IterContext(...); fn(ctx) for each task`` in serial order;
     * ``run_serial``: the engine's serial baseline (no threads);
-    * ``run``: ``SWPipeline.run``, one worker thread per thread group;
-    * ``run, caller group``: the same with ``caller_thread_group="default"``: that group's
-      tasks run on the thread that calls ``run()``, the others (if any) on workers;
+    * ``run``: ``SWPipeline.run``: the last stage's thread group ("default") runs on the
+      thread that calls ``run()``, every other group on a worker thread of its own;
+    * ``run, all on workers``: the same with ``caller_thread_group=None``: every group on
+      a worker thread, the caller only coordinates (``run``'s way before it took the last
+      stage's group onto the caller's thread);
     * ``DataFlow run``: ``DataFlowPipeline(plan, max_depth=3).run`` (as many live
-      iterations as the clock-driven engine);
-    * ``hand-off floor``: no engine at all, only the thread hand-offs a clock-driven
-      run makes: each period the caller puts a token in every group's queue, the
-      group's thread calls the no-op function once per task of the group, and the
-      caller waits until the last stage's group has done the period. What any
-      design that hands every period to worker threads pays on this machine.
+      iterations as the clock-driven engine; every group on a worker thread);
+    * ``floor, workers``: no engine at all, only the thread hand-offs of a run with every
+      group on a worker: each period the caller puts a token in every group's queue, the
+      group's thread calls the no-op function once per task of the group, and the caller
+      waits until the last stage's group has done the period;
+    * ``floor, caller``: the same hand-offs when the caller runs the last stage's group
+      itself: it puts a token in the other groups' queues, calls its own no-ops, and waits
+      until the others have done the previous period (their units feed the next one).
+    The floors are what any design with those hand-offs pays on this machine.
 
 How to read the table
     ``us/task`` is wall time / (iters * tasks). ``overhead`` is what a method adds
@@ -83,8 +88,8 @@ INTER_DEPS = [("ZeroGrad", "OptimizerStep"), ("Forward", "OptimizerStep")]
 # configuration name -> (whether tasks keep their own thread groups, SWPipeline overhead target in us/task)
 CONFIGS: Dict[str, Tuple[bool, float]] = {"one-group": (False, 2.0), "three-groups": (True, 5.0)}
 DATAFLOW_TARGET_US = 5.0
-PLAIN, SERIAL, RUN, CALLER, DATAFLOW, FLOOR = ("plain loop", "run_serial", "run", "run, caller group",
-                                               "DataFlow run", "hand-off floor")
+PLAIN, SERIAL, RUN, WORKERS, DATAFLOW = "plain loop", "run_serial", "run", "run, all on workers", "DataFlow run"
+FLOOR_WORKERS, FLOOR_CALLER = "floor, workers", "floor, caller"
 TRACED = "run(trace=True)"
 LAST_STAGE_GROUP = "default"
 
@@ -113,34 +118,40 @@ def time_plain_loop(fns: Sequence[Callable[[swp.IterContext], Any]], iters: int)
     return time.perf_counter() - start
 
 
-def time_handoff_floor(units_per_group: Dict[str, int], iters: int) -> float:
-    """Seconds for the thread hand-offs of a clock-driven run alone (see FLOOR in the module docstring)."""
-    queues = {group: queue.SimpleQueue() for group in units_per_group}  # type: ignore[var-annotated]
+def time_handoff_floor(units_per_group: Dict[str, int], iters: int, caller_runs_last: bool) -> float:
+    """Seconds for the thread hand-offs of a clock-driven run alone (the floors in the module docstring)."""
+    on_workers = [g for g in units_per_group if not (caller_runs_last and g == LAST_STAGE_GROUP)]
+    queues = {group: queue.SimpleQueue() for group in on_workers}  # type: ignore[var-annotated]
     finished = threading.Condition()
-    last_done = [0]
+    done = {group: 0 for group in on_workers}  # the last period each worker's group has done
 
     def serve(group: str) -> None:
-        get, count, signals = queues[group].get, units_per_group[group], group == LAST_STAGE_GROUP
+        get, count = queues[group].get, units_per_group[group]
         while True:
             period = get()
             if period is None:
                 return
             for _ in range(count):
                 noop(None)  # type: ignore[arg-type]
-            if signals:
-                with finished:
-                    last_done[0] = period
-                    finished.notify()
+            with finished:
+                done[group] = period
+                finished.notify()
 
-    threads = [threading.Thread(target=serve, args=(group,)) for group in units_per_group]
+    # without the last group, the caller waits for it; with it, for the others' previous period
+    awaited = [g for g in on_workers if g == LAST_STAGE_GROUP] if not caller_runs_last else on_workers
+    lag = 1 if caller_runs_last else 0
+    threads = [threading.Thread(target=serve, args=(group,)) for group in on_workers]
     start = time.perf_counter()
     for thread in threads:
         thread.start()
     for period in range(1, iters + 1):
         for group_queue in queues.values():
             group_queue.put(period)
+        if caller_runs_last:
+            for _ in range(units_per_group[LAST_STAGE_GROUP]):
+                noop(None)  # type: ignore[arg-type]
         with finished:
-            while last_done[0] < period:
+            while any(done[g] < period - lag for g in awaited):
                 finished.wait()
     for group_queue in queues.values():
         group_queue.put(None)
@@ -154,7 +165,7 @@ class Engines:
     """The pipelines one configuration is timed with."""
 
     pipe: swp.SWPipeline
-    caller: swp.SWPipeline
+    workers: swp.SWPipeline
     dataflow: swp.DataFlowPipeline
     units_per_group: Dict[str, int]
 
@@ -165,7 +176,7 @@ def build_engines(spread_groups: bool, device: str) -> Engines:
         key = group if spread_groups else LAST_STAGE_GROUP
         groups[key] = groups.get(key, 0) + 1
     return Engines(swp.SWPipeline(build_plan(spread_groups), device=device),
-                   swp.SWPipeline(build_plan(spread_groups), device=device, caller_thread_group=LAST_STAGE_GROUP),
+                   swp.SWPipeline(build_plan(spread_groups), device=device, caller_thread_group=None),
                    swp.DataFlowPipeline(build_plan(spread_groups), max_depth=3, device=device), groups)
 
 
@@ -177,9 +188,10 @@ def time_methods(engines: Engines, iters: int, traced: bool = False) -> Dict[str
         PLAIN: time_plain_loop(fns, iters),
         SERIAL: engines.pipe.run_serial(data),
         RUN: engines.pipe.run(data),
-        CALLER: engines.caller.run(data),
+        WORKERS: engines.workers.run(data),
         DATAFLOW: engines.dataflow.run(data),
-        FLOOR: time_handoff_floor(engines.units_per_group, iters),
+        FLOOR_WORKERS: time_handoff_floor(engines.units_per_group, iters, caller_runs_last=False),
+        FLOOR_CALLER: time_handoff_floor(engines.units_per_group, iters, caller_runs_last=True),
     }
     if traced:
         seconds[TRACED] = engines.pipe.run(data, trace=True)
@@ -209,7 +221,7 @@ def measure_config(name: str, iters: int, repeats: int, device: str, traced: boo
 def result_rows(result: ConfigResult, iters: int) -> List[List[str]]:
     num_tasks = len(TASK_LAYOUT)
     per_task = {m: [s / (iters * num_tasks) * 1e6 for s in result.seconds[m]] for m in result.seconds}
-    targets = {RUN: result.target_us, CALLER: result.target_us, DATAFLOW: DATAFLOW_TARGET_US}
+    targets = {RUN: result.target_us, DATAFLOW: DATAFLOW_TARGET_US}
     rows = []
     for method in result.seconds:
         total_ms = median_and_min(result.seconds[method])[0] * 1e3

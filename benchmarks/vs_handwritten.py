@@ -24,14 +24,16 @@ What is measured
       prefetch_factor=2))``, so torchdata's prefetch thread runs the stage-0 tasks and the
       main thread the rest, the same split as ``thread+Queue``;
     * ``SWPipeline``: ``SWPipeline(plan).run(data)`` (clock-driven, depth = number of stages);
-    * ``DataFlow(3)``: ``DataFlowPipeline(plan, max_depth=3).run(data)``;
-    * ``SWP(caller)``, only with ``--caller-group``: ``SWPipeline(plan,
-      caller_thread_group="default").run(data)``: the "default" tasks run on the caller's thread,
-      like the main thread's share in ``thread+Queue``.
+      ``run()`` runs the last stage's thread group ("default") on the caller's thread, like the
+      main thread's share in ``thread+Queue``, and "load" on a worker thread;
+    * ``DataFlow(3)``: ``DataFlowPipeline(plan, max_depth=3).run(data)``: every thread group on a
+      worker thread, the caller's thread only coordinates (three threads where the hand-written
+      versions use two);
+    * ``SWP(workers)``, only with ``--workers-column``: ``SWPipeline(plan,
+      caller_thread_group=None).run(data)``: every group on a worker thread, as ``SWPipeline``
+      ran before ``run()`` took the last stage's group onto the caller's thread.
 
-    Both engines (but ``SWP(caller)``) run every thread group, "default" included, on a worker
-    thread; the caller's thread only coordinates (three threads on the CPU, where the
-    hand-written versions use two). Every timing includes starting and joining the threads.
+    Every timing includes starting and joining the threads.
 
 Scenarios
     * ``fine-grained``: every task waits ``D`` us (``--durations``, default 5 10 20 50 100
@@ -96,7 +98,7 @@ MS_COSTS = [1.0, 2.0, 1.5, 1.5, 2.0, 1.0, 2.0, 1.0, 1.5, 1.0, 2.0, 1.5]  # 9 ms 
 assert sum(MS_COSTS[:LOAD_TASKS]) == sum(MS_COSTS[LOAD_TASKS:])
 
 METHODS = ("thread+Queue", "torchdata", "SWPipeline", "DataFlow(3)")
-CALLER = "SWP(caller)"  # --caller-group: SWPipeline(plan, caller_thread_group="default")
+WORKERS = "SWP(workers)"  # --workers-column: SWPipeline(plan, caller_thread_group=None)
 Task = Callable[[swp.IterContext], None]
 
 
@@ -283,8 +285,8 @@ def engine_runner(plan: swp.PipelinePlan, engine: str, device: str) -> Callable[
     pipe: swp.SWPipeline | swp.DataFlowPipeline
     if engine == "SWPipeline":
         pipe = swp.SWPipeline(plan, device=device)
-    elif engine == CALLER:
-        pipe = swp.SWPipeline(plan, device=device, caller_thread_group="default")
+    elif engine == WORKERS:
+        pipe = swp.SWPipeline(plan, device=device, caller_thread_group=None)
     else:
         pipe = swp.DataFlowPipeline(plan, max_depth=3, device=device)
     return lambda data: pipe.run(data)
@@ -313,7 +315,7 @@ class Row:
 
 
 def measure(scenario: str, label: str, fns: Sequence[Task], stages: Sequence[int], iters: int,
-            repeats: int, device: str, timed: Optional[List[float]] = None, caller_group: bool = False) -> Row:
+            repeats: int, device: str, timed: Optional[List[float]] = None, workers_column: bool = False) -> Row:
     plan = build_plan(fns, stages)
     runners: Dict[str, Callable[[Iterable[Any]], float]] = {
         "thread+Queue": lambda d: run_thread_queue(fns, d),
@@ -322,8 +324,8 @@ def measure(scenario: str, label: str, fns: Sequence[Task], stages: Sequence[int
     }
     if HAVE_TORCHDATA:
         runners["torchdata"] = lambda d: run_torchdata(fns, d)
-    if caller_group:
-        runners[CALLER] = engine_runner(plan, CALLER, device)
+    if workers_column:
+        runners[WORKERS] = engine_runner(plan, WORKERS, device)
     warm = list(range(min(iters, 20)))
     run_plain(fns, warm)
     for run in runners.values():  # warm-up: first thread starts, imports, caches
@@ -337,7 +339,7 @@ def measure(scenario: str, label: str, fns: Sequence[Task], stages: Sequence[int
         serial.append(run_plain(fns, range(iters)))
         if timed is not None and timed:
             wait_us = statistics.median(timed) * 1e6
-        for method in (*METHODS, CALLER):
+        for method in (*METHODS, WORKERS):
             if method in runners:
                 seconds[method].append(runners[method](range(iters)))
     return Row(scenario, label, wait_us, serial, seconds, iters)
@@ -398,9 +400,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a ~15 s smoke run: 3 durations, fewer iterations, "
                                                              "1 repeat")
     parser.add_argument("--only", choices=("fine-grained", "ms"), default=None, help="run one scenario only")
-    parser.add_argument("--caller-group", action="store_true",
-                        help=f"add a column {CALLER!r}: SWPipeline(plan, caller_thread_group='default'), whose "
-                             f"'default' tasks run on the caller's thread as in thread+Queue")
+    parser.add_argument("--workers-column", action="store_true",
+                        help=f"add a column {WORKERS!r}: SWPipeline(plan, caller_thread_group=None), every thread "
+                             f"group on a worker thread")
     args = parser.parse_args(argv)
     if args.durations is None:
         args.durations = [10.0, 50.0, 200.0] if args.quick else [5.0, 10.0, 20.0, 50.0, 100.0, 200.0]
@@ -434,14 +436,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             wait = SinWait(us).refine()
             fns = make_tasks([wait] + [wait.copy() for _ in range(NUM_TASKS - 1)], timed)
             fine.append(measure("fine-grained", f"{us:g}", fns, STAGES_3, fine_iters(us, target_s, min_iters),
-                                args.repeats, args.device, timed, args.caller_group))
+                                args.repeats, args.device, timed, args.workers_column))
     if args.only in (None, "ms"):
         fns = make_tasks([_sleeper(ms) for ms in MS_COSTS])
         for label, stages in (("3 stages", STAGES_3), ("2 stages", STAGES_2)):
             ms_rows.append(measure("ms tasks", label, fns, stages, args.iters, args.repeats, args.device,
-                                   caller_group=args.caller_group))
+                                   workers_column=args.workers_column))
 
-    methods = (*METHODS, CALLER) if args.caller_group else METHODS
+    methods = (*METHODS, WORKERS) if args.workers_column else METHODS
     headers = ["scenario", "D us / plan", "D meas", "iters", "serial us/it", *methods, "ideal"]
     print(format_table(headers, format_rows(fine + ms_rows, methods), left=2))
     if fine:

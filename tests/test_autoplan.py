@@ -102,8 +102,8 @@ def test_demo_shaped_problem_finds_the_overlap() -> None:
     assert found.speedup == 400 / 210
     assert (found.baseline_result.peak_live_contexts, found.result.peak_live_contexts) == (3, 2)
     assert {n: (s.stage, s.thread_group, s.stream) for n, s in found.plan.schedules.items()} == {
-        "PrepareBatch": (0, "default", None), "CopyToDevice": (0, "default", None), "Forward": (0, "g1", "g1"),
-        "Backward": (0, "g1", "g1"), "OptimizerStep": (1, "g1", "g1")}
+        "PrepareBatch": (0, "default", None), "CopyToDevice": (0, "default", None), "Forward": (1, "g1", "g1"),
+        "Backward": (1, "g1", "g1"), "OptimizerStep": (1, "g1", "g1")}
 
 
 def test_a_baseline_nothing_beats_is_kept() -> None:
@@ -142,8 +142,8 @@ def test_report_compares_with_the_baseline() -> None:
         "-------------  -------  -------  -----  ----------------",
         "PrepareBatch   default  default      0",
         "CopyToDevice   default  default      0",
-        "Forward        g1       g1           0",
-        "Backward       g1       g1           0"]
+        "Forward        g1       g1           1",
+        "Backward       g1       g1           1"]
 
 
 def test_returned_plans_validate_and_run_on_both_engines() -> None:

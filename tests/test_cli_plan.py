@@ -103,7 +103,7 @@ def test_plan_option_gives_the_dependencies(tmp_path: Path, capsys: pytest.Captu
                                         "----  -------  -------  -----  ----------------",
                                         "Load  prep     prep         0",
                                         "Prep  prep     prep         0",
-                                        "Fwd   default  default      0",
+                                        "Fwd   default  default      1",
                                         "Bwd   default  default      1",
                                         "dependencies: Prep <- Load, Fwd <- Prep, Bwd <- Fwd, Fwd <- Bwd(i-1)"]
     assert out[-3:] == ["streams                             3          2",

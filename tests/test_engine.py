@@ -11,9 +11,11 @@ from typing import Any, List
 import pytest
 import torch
 
-from engine_helpers import ExecLog, FakeStream, check_dependencies, drive, make_plan, sparse_dist_plan, swp_threads
+from engine_helpers import (ExecLog, FakeStream, check_dependencies, drive, make_plan, sparse_dist_plan, swp_threads,
+                            wait_until)
 from swpipeline import (CPUDevice, IterContext, PipelinePlan, PipelineTask, SimulatedDevice, SWPipeline,
-                        TaskSchedule)
+                        TaskSchedule, ordering)
+from swpipeline.errors import DependencyTimeoutError, ProgressTimeoutError
 
 
 # Plans here put several thread groups on one stream on purpose (the turns are what is tested).
@@ -391,6 +393,64 @@ def test_caller_thread_group_runs_on_the_thread_that_calls_progress() -> None:
     assert len(swp_threads()) == 0
     with pytest.raises(ValueError, match=r"caller_thread_group='gpu' is not a thread group of the plan"):
         SWPipeline(sparse_dist_plan(log), device="cpu", caller_thread_group="gpu")
+
+
+def test_run_runs_the_last_stage_on_the_caller_and_step_control_keeps_workers() -> None:
+    main = threading.current_thread().name
+    log = ExecLog()
+    pipe = SWPipeline(sparse_dist_plan(log), device="cpu")  # caller_thread_group="auto"
+    pipe.run(range(6))
+    assert {t: log.threads_of(t) for t in ("H2D", "InputDistStart", "Forward", "OptimizerStep")} == {
+        "H2D": {"swp-io"}, "InputDistStart": {"swp-dist"}, "Forward": {main}, "OptimizerStep": {main}}
+    log.events.clear()
+    assert drive(pipe, range(6)) == list(range(6))  # fill_pipeline()/progress(): every group on a worker
+    assert log.threads_of("Forward") == {"swp-default"}
+    for kwargs in (dict(caller_thread_group=None), dict(worker_init=lambda group: None)):
+        log.events.clear()
+        SWPipeline(sparse_dist_plan(log), device="cpu", **kwargs).run(range(4))  # type: ignore[arg-type]
+        assert log.threads_of("Forward") == {"swp-default"}, kwargs
+    assert swp_threads() == []
+
+
+def test_the_last_stage_group_is_that_of_the_highest_stage_task_last_in_serial_order() -> None:
+    a, b, c, d = (PipelineTask(n, lambda ctx: None) for n in "ABCD")
+    plan = PipelinePlan({a: TaskSchedule(stage=0, thread_group="load"), b: TaskSchedule(stage=1, thread_group="x"),
+                         c: TaskSchedule(stage=1, thread_group="y"), d: TaskSchedule(stage=0, thread_group="z")},
+                        intra_iter_deps=[(b, a), (c, b)])
+    assert ordering.last_stage_group(plan) == "y"  # B and C at stage 1; C comes after B
+    assert ordering.last_stage_group(PipelinePlan({a: TaskSchedule(thread_group="only")})) == "only"
+
+
+def test_a_dependency_the_caller_waits_on_is_bounded_by_progress_timeout() -> None:
+    # Train runs on the caller's thread in run(); Load (a worker) hangs at iteration 2. The caller,
+    # inside Train(2)'s wait, gives up after progress_timeout (not signal_timeout) and says what blocks.
+    release = threading.Event()
+
+    def load(ctx: IterContext) -> None:
+        if ctx.iter_idx == 2:
+            release.wait(30)
+
+    log = ExecLog()
+    plan = make_plan(log, {"Load": (0, "copy", "io"), "Train": (1, None, "compute")}, intra=[("Train", "Load")],
+                     work={"Load": load})
+    pipe = SWPipeline(plan, device="cpu", progress_timeout=0.2, signal_timeout=30, join_timeout=0.2)
+    try:
+        with pytest.raises(ProgressTimeoutError) as info:
+            pipe.run(range(6))
+        assert "tasks not yet done: ['Load', 'Train']" in str(info.value)
+        assert "'Train' waits for 'Load' (iteration 2)" in str(info.value)
+        cause = info.value.__cause__
+        assert isinstance(cause, DependencyTimeoutError) and "'Train' (iteration 2) waited 0.2 s" in str(cause)
+    finally:
+        release.set()
+    assert wait_until(lambda: swp_threads() == [], timeout=10)
+
+
+def test_caller_thread_group_refuses_what_is_not_a_group_of_the_plan() -> None:
+    for bad in ("gpu", 3, ""):
+        with pytest.raises(ValueError, match=r"caller_thread_group=.* is not a thread group of the plan \(its "
+                                             r"groups: \['io', 'dist', 'default'\]\); or pass \"auto\" or None"):
+            SWPipeline(sparse_dist_plan(ExecLog()), device="cpu", caller_thread_group=bad)  # type: ignore[arg-type]
 
 
 def test_progress_without_advance_holds_the_next_period_back() -> None:

@@ -210,7 +210,11 @@ def test_each_thread_group_runs_the_same_units_in_the_same_order_on_both_engines
             plan, max_depth=plan.depth + extra_depth, device="cpu")
         pipe.run(range(iters))
         check_dependencies(log, plan, iters)
-        per_group.append(({th: log.starts_on(th) for th in {e[4] for e in log.events}}, values))
+        group_of = {name: plan.schedules[name].thread_group for name in plan.task_names}
+        threads = {group_of[t]: log.threads_of(t) for t in plan.task_names if log.threads_of(t)}
+        assert all(len(th) == 1 for th in threads.values())  # each group's units on one thread
+        starts = {group: [(t, i) for t, i in log.starts() if group_of[t] == group] for group in threads}
+        per_group.append((starts, values))
     assert per_group[0] == per_group[1]
 
 

@@ -70,5 +70,5 @@ def test_workers_name_their_os_threads() -> None:
 
     a, b = PipelineTask("A", note), PipelineTask("B", note)
     SWPipeline(PipelinePlan({a: TaskSchedule(thread_group="io"), b: TaskSchedule(thread_group="a-very-long-group")}),
-               device="cpu").run(range(2))
+               device="cpu", caller_thread_group=None).run(range(2))  # every group on a worker thread
     assert seen == {"swp-io": "swp-io", "swp-a-very-long-group": "swp-a-very-long"}  # 15 bytes at most

@@ -13,6 +13,7 @@ from engine_helpers import ExecLog, make_plan, valid_plans
 from swpipeline import PipelinePlan, SWPipeline, TaskSchedule
 from swpipeline.planning.costs import TaskCost, TaskCosts
 from swpipeline.planning.overheads import EngineOverheads
+from swpipeline.ordering import last_stage_group
 from swpipeline.profiler import ProfileResult
 from swpipeline.records import DependencyWait, TaskRecord
 from swpipeline.planning.sim_result import SimResult
@@ -87,8 +88,8 @@ def test_one_thread_runs_older_iterations_first() -> None:
 def test_engine_overheads_are_added_where_the_engine_spends_them() -> None:
     plan = chain(("A", 0, "a", "a"), ("B", 0, "b", "b"))
     overheads = EngineOverheads(wake=1, unit=0, period=2, retire=1, thread_start=5, thread_stop=3, serial_unit=0)
-    result = simulate(plan, {"A": 10, "B": 10}, 2, overheads=overheads)
-    # start 2 threads (10), hand out P0 (2), A wakes (1); B waits for A (+1); the caller wakes and retires (+2)
+    result = simulate(plan, {"A": 10, "B": 10}, 2, overheads=overheads, caller_thread_group=None)
+    # every group on a worker: start 2 threads (10), hand out P0 (2), A wakes (1); B waits for A (+1); the caller wakes and retires (+2)
     assert spans(result) == [("A", 0, 13, 23), ("B", 0, 24, 34), ("A", 1, 39, 49), ("B", 1, 50, 60)]
     assert result.seconds == 70  # ... hand out the empty P2 (2), stop 2 threads (6)
     assert [(s.kind, s.name, s.start, s.end) for s in result.critical_path] == [
@@ -298,10 +299,11 @@ def test_each_thread_runs_what_the_engine_runs_in_its_order(shape: Dict[str, Any
     plan = make_plan(log, shape["spec"], shape["intra"], shape["inter"])
     SWPipeline(plan, device="cpu").run(range(batches))
     result = simulate(plan, {n: 1 for n in plan.task_names}, batches, overheads=ZERO)
+    caller = last_stage_group(plan)  # run() runs it on the calling thread; simulate() models the same
     for group in {s.thread_group for s in plan.schedules.values()}:
         simulated = [(u.task, u.iteration) for u in sorted(result.units(), key=lambda u: u.start)
                      if u.thread_group == group]
-        assert log.starts_on(f"swp-{group}") == simulated
+        assert log.starts_on("MainThread" if group == caller else f"swp-{group}") == simulated
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

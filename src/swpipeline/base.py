@@ -111,6 +111,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
         self._free_uses = attribute_uses(plan, free_early, keep)
         self._refresh_executors()
         self._caller_group: Optional[str] = None  # a thread group run by the caller of progress()
+        self._run_group: Optional[str] = None  # the same for run(), which may choose one of its own
         self._run: Optional[Run] = None  # the current fill (None: idle)
         self._peak_live_contexts = 0
         self._stragglers = Stragglers()  # threads of ended runs that were still in a task
@@ -123,34 +124,38 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
     def _new_policy(self, run: Run) -> Policy:
         raise NotImplementedError
 
-    def _start_run(self, data_iter: Iterator[Any]) -> None:
+    def _start_run(self, data_iter: Iterator[Any], inline_group: Optional[str]) -> None:
         self._stragglers.check(self.join_timeout)
         default = run_default_stream(self.device, self._tasks)
         run = Run(bind_run(self._tasks, self.device, self._event_slots, default), self.device, self._event_slots,
-                  progress_timeout=self.progress_timeout, join_timeout=self.join_timeout, default_stream=default)
+                  progress_timeout=self.progress_timeout, join_timeout=self.join_timeout, default_stream=default,
+                  signal_timeout=self.signal_timeout)
         self._run = run
         shutdown.track(run)
         try:
             labels = {t.index: self._shortcuts.label(t.name) for t in self._tasks}
-            recorder = self._new_recorder(run.tasks)
+            recorder = self._new_recorder(run.tasks, inline_group)
             wait = recorder.timed_wait(run.board.wait_task) if recorder is not None else None
             policy = self._new_policy(run)
             free = EarlyFree(self._free_uses).done if self._free_uses is not None else None
 
-            def executor(launch: Launch) -> RunUnit:
-                run_unit = make_unit_runner(run.board, self.device, launch, self._event_slots, self.signal_timeout,
+            def executor(launch: Launch, timeout: float) -> RunUnit:
+                run_unit = make_unit_runner(run.board, self.device, launch, self._event_slots, timeout,
                                             policy.after_complete, wait, free, run.batch_events, run.batch_streams)
                 return traced(run_unit, recorder) if recorder is not None else run_unit
 
             plain, annotated = make_launches(self.device, labels, self._nvtx)
-            run_units = (executor(plain), executor(annotated))
+            run_units = (executor(plain, self.signal_timeout), executor(annotated, self.signal_timeout))
+            # On the caller's thread a unit is part of a progress() call, which waits progress_timeout at most
+            inline_timeout = min(self.signal_timeout, self.progress_timeout)
+            inline_units = (executor(plain, inline_timeout), executor(annotated, inline_timeout))
             run.policy = policy
             torch_threads, device, worker_init = torch.get_num_threads(), self.device, self.worker_init
 
             def enter(group: str) -> Callable[[], None]:  # must not hold the pipeline (see shutdown.py)
                 return functools.partial(enter_worker_thread, torch_threads, device, worker_init, group)
 
-            run.start_workers(self._groups, run_units, enter, self._caller_group)
+            run.start_workers(self._groups, run_units, enter, inline_group, inline_units)
             run.watch(self)
             run.modes = Modes.capture(self._mode_types)
             policy.fill(data_iter)
@@ -201,9 +206,9 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
                 earlier run is still inside a task.
             TypeError: ``data_iter`` is not iterable.
         """
-        return self._fill(data_iter)
+        return self._fill(data_iter, self._caller_group)
 
-    def _fill(self, data_iter: Iterable[Any]) -> Iterator[Any]:
+    def _fill(self, data_iter: Iterable[Any], inline_group: Optional[str]) -> Iterator[Any]:
         if self._active_run() is not None:
             raise RuntimeError("fill_pipeline() called while iterations are still in flight; call drain() first "
                                "(or keep calling progress() until StopIteration)")
@@ -211,7 +216,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
             it = iter(data_iter)
         except TypeError:
             raise TypeError(f"fill_pipeline: data_iter must be iterable, got {type(data_iter).__name__}") from None
-        self._start_run(it)
+        self._start_run(it, inline_group)
         return it
 
     @driving
@@ -359,7 +364,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
         start = time.perf_counter()
         try:
             with self._nvtx_context():
-                it = self._fill(data_iter)
+                it = self._fill(data_iter, self._run_group)
                 while True:
                     try:
                         self._progress(it)

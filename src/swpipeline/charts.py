@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
+
 if TYPE_CHECKING:
     from .tables import ScheduleRow
     from .records import PathLike, TaskRecord, TimelineData as Timeline
@@ -123,7 +124,8 @@ def save_gantt(timeline: "Timeline", path: "PathLike", *, iterations: Optional[T
     for row, (kind, lane) in enumerate(lanes):
         on_lane = [r for r in visible if (r.thread_group if kind == "thread" else r.stream) == lane]
         _draw_lane(ax, row, kind, on_lane, chars_per_ms, colormaps)
-    ax.set_yticks(range(len(lanes)), [f"{kind} {'swp-' if kind == 'thread' else ''}{lane}" for kind, lane in lanes])
+    ax.set_yticks(range(len(lanes)), [f"thread {timeline.thread_label(lane)}" if kind == "thread" else
+                                      f"stream {lane}" for kind, lane in lanes])
     ax.set_ylim(len(lanes) - 0.5, -0.5)
     ax.set_xlim(lo * 1e3, hi * 1e3)
     ax.set_xlabel("ms since the run started")

@@ -151,10 +151,14 @@ class SWPipeline(_PipelineBase):
             its ``reads=`` and ``writes=``, or a ``PlanAnalysis`` (``analyze(plan, batch)``).
         keep: attributes ``free_early`` leaves on the context until the iteration retires (what
             you read from a retired context, e.g. ``keep=("loss",)``).
-        caller_thread_group: a thread group whose tasks run on the thread that calls
-            ``progress()`` (each call first runs what was queued for it) instead of on a worker
+        caller_thread_group: a thread group whose tasks run on the thread that drives the
+            pipeline (each ``progress()`` first runs what was queued for it) instead of on a worker
             thread: no hand-off at all for that group. The order and deadlock argument are the
-            same as for a worker; ``worker_init`` is not called for it.
+            same as for a worker; ``worker_init`` is not called for it. ``"auto"`` (the default):
+            ``run()`` runs the group of the plan's last stage so (unless ``worker_init`` is given),
+            while ``fill_pipeline()``/``progress()`` give every group a worker thread, so that the
+            pipeline keeps going while the caller does other work between calls. ``None``: every
+            group always on a worker thread.
 
     Raises:
         TypeError, ValueError: the plan breaks a stage rule or an argument is invalid.
@@ -163,7 +167,7 @@ class SWPipeline(_PipelineBase):
     def __init__(self, plan: PipelinePlan, device: DeviceSpec = None, *, signal_timeout: float = 30.0,
                  progress_timeout: float = 60.0, join_timeout: float = 10.0,
                  worker_init: Optional[Callable[[str], None]] = None,
-                 caller_thread_group: Optional[str] = None, check_races: bool = False,
+                 caller_thread_group: Optional[str] = "auto", check_races: bool = False,
                  free_early: Union[bool, PlanAnalysis] = False, keep: Iterable[str] = ()) -> None:
         if not isinstance(plan, PipelinePlan):
             raise TypeError(f"plan must be a PipelinePlan, got {type(plan).__name__}")
@@ -171,10 +175,13 @@ class SWPipeline(_PipelineBase):
         super().__init__(plan, self.depth, device, signal_timeout=signal_timeout,
                          progress_timeout=progress_timeout, join_timeout=join_timeout, worker_init=worker_init,
                          check_races=check_races, free_early=free_early, keep=keep)
-        if caller_thread_group is not None and caller_thread_group not in self._groups:
-            raise ValueError(f"caller_thread_group={caller_thread_group!r} is not a thread group of the plan "
-                             f"(its groups: {self._groups})")
-        self._caller_group = caller_thread_group
+        if caller_thread_group == "auto":
+            self._run_group = ordering.last_stage_group(plan) if worker_init is None else None
+        elif caller_thread_group is not None:
+            if not isinstance(caller_thread_group, str) or caller_thread_group not in self._groups:
+                raise ValueError(f"caller_thread_group={caller_thread_group!r} is not a thread group of the plan "
+                                 f"(its groups: {self._groups}); or pass \"auto\" or None")
+            self._caller_group = self._run_group = caller_thread_group
         for num_batches in sorted({1, self.depth, 2 * self.depth + 1}):
             self._schedule.check(num_batches)
         self._enqueue_order = [self._by_name[s.task] for s in self._schedule.slots]

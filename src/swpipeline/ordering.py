@@ -178,6 +178,17 @@ def serial_order(plan: PipelinePlan) -> List[str]:
     return _priority_topo_sort(plan.task_names, edges, key)
 
 
+def last_stage_group(plan: PipelinePlan) -> str:
+    """The thread group a pipelined ``run()`` runs on the caller's thread by default.
+
+    It is the group of the plan's highest stage, whose units end every iteration: run by
+    the caller, who retires iterations, they need no hand-off back. With several groups at
+    that stage, the group of the one that comes last in the serial order.
+    """
+    top = max(_stages(plan))
+    return [plan.schedules[n].thread_group for n in serial_order(plan) if plan.stage(n) == top][-1]
+
+
 def _stages(plan: PipelinePlan) -> List[int]:
     return sorted({plan.stage(n) for n in plan.task_names})
 

@@ -36,7 +36,8 @@ class DependencyWait:
 class TaskRecord:
     """One task execution: where it ran, on which iteration, and when (seconds since the run started).
 
-    ``cpu_start``/``cpu_end`` bracket the task function on its worker thread;
+    ``cpu_start``/``cpu_end`` bracket the task function on the thread that ran it (its
+    group's worker, or the caller's thread for a group run there: ``thread``);
     ``ready`` is when the worker picked the unit up, before its dependency waits;
     ``device_start``/``device_end`` come from timing events on the task's stream
     (accelerators only, else None). ``period`` is the SWPipeline clock period (None
@@ -55,6 +56,7 @@ class TaskRecord:
     waits: Tuple[DependencyWait, ...] = ()
     device_start: Optional[float] = None
     device_end: Optional[float] = None
+    thread_name: str = ""  # the thread that ran it when that was not its group's worker (the caller's)
 
     @property
     def duration(self) -> float:
@@ -68,8 +70,8 @@ class TaskRecord:
 
     @property
     def thread(self) -> str:
-        """The worker thread's name."""
-        return f"swp-{self.thread_group}"
+        """The name of the thread that ran it: ``swp-<group>`` for a worker, else the caller's thread's."""
+        return self.thread_name or f"swp-{self.thread_group}"
 
 
 @dataclass(frozen=True)
@@ -115,3 +117,9 @@ class TimelineData:
     def for_task(self, name: str) -> List[TaskRecord]:
         """The records of one task, in iteration order."""
         return sorted((r for r in self.records if r.task == name), key=lambda r: r.iteration)
+
+    def thread_label(self, group: str) -> str:
+        """How a thread group's lane is named: ``swp-<group>`` for its worker, or the thread that ran it
+        instead and the group, e.g. ``MainThread (default)`` for a group run on the caller's thread."""
+        ran_on = next((r.thread_name for r in self.records if r.thread_group == group), "")
+        return f"{ran_on} ({group})" if ran_on else f"swp-{group}"

@@ -26,7 +26,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import shutdown
 from .device import Device
-from .errors import PipelineAborted, ProgressTimeoutError, add_note, annotate, stop_iteration_error
+from .errors import (DependencyTimeoutError, PipelineAborted, ProgressTimeoutError, SequencerTimeoutError, add_note,
+                     annotate, stop_iteration_error)
 from .modes import Modes
 from .plan import IterContext
 from .runtime import TaskRuntime, all_turns
@@ -44,12 +45,13 @@ class Run:
     """The state of one fill (see the module docstring)."""
 
     def __init__(self, tasks: List[TaskRuntime], device: Device, event_slots: int, *, progress_timeout: float,
-                 join_timeout: float, default_stream: Any) -> None:
+                 join_timeout: float, default_stream: Any, signal_timeout: float) -> None:
         self.tasks = tasks  # bound to this run (its own device events)
         self.device = device
         self.default_stream = default_stream  # the filling thread's stream: "default" tasks run on it
         self.event_slots = event_slots
         self.progress_timeout = progress_timeout
+        self.signal_timeout = signal_timeout
         self.join_timeout = join_timeout
         self.board = CompletionBoard([t.name for t in tasks])
         self.turns = all_turns(tasks)  # the sequencer and the shared streams' turns, if any
@@ -83,12 +85,13 @@ class Run:
 
     # -- workers --------------------------------------------------------------------------------
 
-    def start_workers(self, groups: List[str], run_units: RunUnits,
-                      enter_thread: Callable[[str], Callable[[], None]], inline_group: Optional[str]) -> None:
-        """One worker per thread group (the inline group runs on the caller's thread instead)."""
+    def start_workers(self, groups: List[str], run_units: RunUnits, enter_thread: Callable[[str], Callable[[], None]],
+                      inline_group: Optional[str], inline_units: RunUnits) -> None:
+        """One worker per thread group (the inline group runs on the caller's thread instead, its waits
+        bounded by ``progress_timeout``: see ``on_inline_error``)."""
         for group in groups:
             if group == inline_group:
-                self.inline = InlineWorker(group, run_units, self.on_worker_error, self.board)
+                self.inline = InlineWorker(group, inline_units, self.on_inline_error, self.board)
                 self.workers[group] = self.inline
                 continue
             worker = Worker(group, run_units, self.on_worker_error, self.board, enter_thread(group))
@@ -209,6 +212,19 @@ class Run:
             self.record_failure(exc)
         except BaseException:  # the last line: whatever happened above, the run must still fail
             self.record_failure(exc)
+
+    def on_inline_error(self, exc: BaseException, unit: Optional[Unit]) -> None:
+        """A unit on the caller's thread raised. A wait of it that outlasted ``progress_timeout`` (shorter
+        than ``signal_timeout``) is progress() waiting too long: a ProgressTimeoutError, as if the caller had
+        waited for the oldest iteration itself, naming what blocks it."""
+        if isinstance(exc, (DependencyTimeoutError, SequencerTimeoutError)) and \
+                self.progress_timeout < self.signal_timeout:
+            oldest = self.next_retire
+            timeout = ProgressTimeoutError(oldest, self.board.unfinished(oldest), self.progress_timeout,
+                                           self.blocked_waits(oldest))
+            timeout.__cause__ = exc
+            exc = timeout
+        self.on_worker_error(exc, unit)
 
     def record_failure(self, exc: BaseException) -> None:
         """Keep the first failure, and wake every thread waiting on the run."""

@@ -125,11 +125,14 @@ class Recorder:
         device: the device's name.
         new_timing_event: makes a device timing event, or None on devices without them.
         reference_stream: the stream on which the recorder marks the run's start for device times.
+        caller: ``(thread group, thread name)`` of a group that runs on the caller's thread, if any.
     """
 
     def __init__(self, tasks: Sequence[TaskRuntime], serial_order: Sequence[str], engine: str, device: str,
-                 new_timing_event: Optional[Callable[[], Any]] = None, reference_stream: Any = None) -> None:
+                 new_timing_event: Optional[Callable[[], Any]] = None, reference_stream: Any = None,
+                 caller: Optional[Tuple[str, str]] = None) -> None:
         self._tasks = list(tasks)
+        self._caller = caller
         self._index = {t.name: t.index for t in self._tasks}
         self._serial_order = tuple(serial_order)
         self._engine, self._device = engine, device
@@ -211,6 +214,7 @@ class Recorder:
             return cached
         origin = self.origin
         names = [t.name for t in self._tasks]
+        inline_group, caller_thread = self._caller or (None, "")
         records = []
         for index, iter_idx, period, ready, start, end, waits, dev_start, dev_end in raw:
             task = self._tasks[index]
@@ -221,7 +225,8 @@ class Recorder:
                 cpu_end=end - origin,
                 waits=tuple(DependencyWait(names[d], d_iter, w0 - origin, w1 - origin)
                             for d, d_iter, w0, w1 in waits or ()),
-                device_start=device_times[0], device_end=device_times[1]))
+                device_start=device_times[0], device_end=device_times[1],
+                thread_name=caller_thread if task.group == inline_group else ""))
         records.sort(key=lambda r: (r.cpu_start, r.cpu_end))
         last_end = max((r.cpu_end for r in records), default=0.0)
         wall = self._closed_at - origin if self._closed_at is not None else last_end

@@ -2,7 +2,8 @@
 
 Layout of the trace::
 
-    process 1 "swpipeline threads"   one track per thread group (thread name swp-<group>):
+    process 1 "swpipeline threads"   one track per thread group (thread name swp-<group>, or the
+                                     caller's thread's name and the group for a group run there):
                                      task spans (cat "task") and dependency waits (cat "dependency_wait")
     process 2 "swpipeline streams"   one track per stream: the task spans on that stream, from device
                                      timing events where recorded (cat "device"), else the CPU spans
@@ -62,7 +63,7 @@ def chrome_trace(timeline: "Timeline") -> Dict[str, Any]:
         _metadata("process_sort_index", STREAMS_PID, 0, STREAMS_PID),
     ]
     for group, tid in thread_tid.items():
-        events += [_metadata("thread_name", THREADS_PID, tid, f"swp-{group}"),
+        events += [_metadata("thread_name", THREADS_PID, tid, timeline.thread_label(group)),
                    _metadata("thread_sort_index", THREADS_PID, tid, tid)]
     for stream, tid in stream_tid.items():
         events += [_metadata("thread_name", STREAMS_PID, tid, f"stream {stream}"),

@@ -9,6 +9,7 @@ traced fill stays readable until the next fill.
 from __future__ import annotations
 
 import sys
+import threading
 from typing import TYPE_CHECKING, ContextManager, List, Optional, Sequence
 
 from .records import PathLike
@@ -35,8 +36,11 @@ class Tracing:
     def _serial_names(self) -> Sequence[str]:
         raise NotImplementedError
 
-    def _new_recorder(self, tasks: Sequence["TaskRuntime"]) -> Optional[Recorder]:
-        """A recorder for the fill that starts now, if it is traced (else None, and the last one is dropped)."""
+    def _new_recorder(self, tasks: Sequence["TaskRuntime"], inline_group: Optional[str]) -> Optional[Recorder]:
+        """A recorder for the fill that starts now, if it is traced (else None, and the last one is dropped).
+
+        ``inline_group``: a thread group that runs on the calling thread in this fill, if any.
+        """
         self._recorder = None
         if not self._tracing:
             return None
@@ -45,8 +49,9 @@ class Tracing:
         if device.has_timing_events:
             device.synchronize()  # the recorder's reference event then marks "now" on the device
             new_event = device.new_timing_event
+        caller = (inline_group, threading.current_thread().name) if inline_group is not None else None
         self._recorder = Recorder(tasks, self._serial_names(), type(self).__name__, str(device), new_event,
-                                  device.default_stream())
+                                  device.default_stream(), caller)
         return self._recorder
 
     def _begin_traced_run(self, record: bool) -> bool:

@@ -132,7 +132,7 @@ def search_plan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRe
                 overheads: Optional[EngineOverheads] = None, data_seconds: float = 0.0, jitter: bool = True,
                 globally_ordered: Iterable[str] = (), exhaustive_limit: int = EXHAUSTIVE_LIMIT,
                 budget: int = LOCAL_BUDGET, pinned: Optional[Mapping[str, str]] = None,
-                caller_thread_group: Optional[str] = None, cores: Optional[int] = None) -> PlanSearch:
+                caller_thread_group: Optional[str] = "auto", cores: Optional[int] = None) -> PlanSearch:
     """``autoplan``, returning the whole ``PlanSearch`` (arguments as for ``autoplan``).
 
     Args:
@@ -147,7 +147,8 @@ def search_plan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRe
         pinned: task name -> the thread group it must stay on (e.g. tasks that must run on the
             thread that owns the model); the others are free.
         caller_thread_group: simulate that group on the calling thread, as
-            ``SWPipeline(caller_thread_group=...)`` runs it (clocked engine).
+            ``SWPipeline(caller_thread_group=...)`` runs it (clocked engine); ``"auto"`` (the default):
+            each candidate's last-stage group, as ``SWPipeline.run()`` does; None: every group on a worker.
         cores: at most this many task functions run at once (as for ``simulate``): give it when the
             process has fewer cores than the plan could keep busy, or its tasks hold the GIL.
 
@@ -190,8 +191,9 @@ def search_plan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRe
 
 
 def _caller(plan: PipelinePlan, group: Optional[str]) -> Optional[str]:
-    """``group`` if the plan has it (a plan with no task on it has nothing to run on the caller)."""
-    return group if any(s.thread_group == group for s in plan.schedules.values()) else None
+    """``group`` if the plan has it (a plan with no task on it has nothing to run on the caller); "auto" is
+    left for ``simulate`` to resolve for the plan."""
+    return group if group == "auto" or any(s.thread_group == group for s in plan.schedules.values()) else None
 
 
 def _encode(space: Space, plan: PipelinePlan) -> Optional[Candidate]:

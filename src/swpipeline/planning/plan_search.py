@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .overheads import EngineOverheads
+from ..ordering import last_stage_group
 from ..plan import PipelinePlan, PipelineTask, TaskSchedule
 from .plan_space import Bounds, Candidate, TaskGraph, normalized, partitions, stage_vectors
 from .sim_core import Simulation
@@ -42,7 +43,7 @@ class Space:
     search_streams: bool  # device times: streams are searched; else one stream per thread group
     ordered: Tuple[bool, ...]  # globally_ordered per task
     pinned: Tuple[Optional[str], ...] = ()  # per task: the thread group it must stay on, or None
-    caller_group: Optional[str] = None  # a thread group run by the caller of progress() (clocked engine)
+    caller_group: Optional[str] = None  # a thread group run by the caller (clocked engine); "auto": the last stage's
     cores: Optional[int] = None  # at most this many task functions at once (see simulate)
 
     def groups_allowed(self, groups: Sequence[int]) -> bool:
@@ -113,10 +114,13 @@ class Scorer:
     def seconds(self, cand: Candidate) -> float:
         found = self.cache.get(cand)
         if found is None:
-            compiled = compile_plan(self.plan(cand))
+            plan = self.plan(cand)
+            compiled = compile_plan(plan)
             depth = max(cand[0]) + 1
             live = depth if self.engine == "clocked" else self.space.max_in_flight
             caller = self.space.caller_group
+            if caller == "auto":
+                caller = last_stage_group(plan)
             inline = compiled.groups.index(caller) if caller in compiled.groups else None
             sim = Simulation(compiled, self.thread_costs, self.device_costs, self.num_iterations, self.engine, live,
                              self.overheads, self.data_seconds, inline)

@@ -24,6 +24,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple, Union
 
 from .costs import TaskCosts
 from .overheads import EngineOverheads
+from ..ordering import last_stage_group
 from ..plan import PipelinePlan
 from .sim_core import Simulation
 from .sim_model import CompiledPlan, compile_plan, group_index
@@ -38,7 +39,7 @@ CostsLike = Union[TaskCosts, Mapping[str, object]]
 
 def simulate(plan: PipelinePlan, costs: CostsLike, num_iterations: int = 200, engine: str = "clocked",
              max_depth: Optional[int] = None, *, jitter: bool = True, overheads: Optional[EngineOverheads] = None,
-             data_seconds: float = 0.0, caller_thread_group: Optional[str] = None,
+             data_seconds: float = 0.0, caller_thread_group: Optional[str] = "auto",
              cores: Optional[int] = None) -> SimResult:
     """Predict what running ``plan`` on ``num_iterations`` batches takes, from what its tasks cost.
 
@@ -53,8 +54,10 @@ def simulate(plan: PipelinePlan, costs: CostsLike, num_iterations: int = 200, en
         overheads: the engine's own costs (default: ``EngineOverheads()``, measured on a 2-core machine;
             ``EngineOverheads.zero()`` for none, ``calibrate()`` to measure this machine's).
         data_seconds: what the data iterator takes per batch, on the calling thread.
-        caller_thread_group: as ``SWPipeline(caller_thread_group=...)``: that group's tasks run on the
-            calling thread, at the start of each ``progress()`` (clocked engine only).
+        caller_thread_group: as ``SWPipeline(caller_thread_group=...)`` in ``run()``: that group's tasks
+            run on the calling thread, at the start of each ``progress()`` (clocked engine only). The
+            default ``"auto"`` is what ``SWPipeline.run()`` does: the group of the plan's last stage for
+            the clocked engine (nothing for the others); None: every group on a worker thread.
         cores: at most this many task functions run at once (the cores, or the GIL, the process
             really has for them); a task that finds none free waits for the first to be freed. Default
             None: every thread runs when it can, as if it had a core of its own. Every task counts as
@@ -86,6 +89,8 @@ def simulate(plan: PipelinePlan, costs: CostsLike, num_iterations: int = 200, en
         raise ValueError(f"simulate: data_seconds must be a number of seconds >= 0, got {data_seconds!r}")
     compiled = compile_plan(plan)
     live = _max_live(compiled, engine, max_depth)
+    if caller_thread_group == "auto":
+        caller_thread_group = last_stage_group(plan) if engine == "clocked" else None
     if caller_thread_group is not None and engine != "clocked":
         raise ValueError(f"simulate: caller_thread_group is a clock-driven engine option (engine='clocked'), "
                          f"not for engine={engine!r}")
