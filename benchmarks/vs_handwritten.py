@@ -64,6 +64,13 @@ How to read the table
     runs (the methods are interleaved within each repeat so that machine drift hits them
     alike). ``ideal`` is 2.00x minus the unavoidable fill: ``2 * iters / (iters + 1)``.
 
+    After the ms rows, one traced ``SWPipeline`` run of the 3-stage plan (``--trace PATH``
+    writes it as Chrome/Perfetto JSON) gives, per thread, how long it had no unit in hand:
+    between its last unit of a period and its first of the next (``period boundaries``,
+    median and p95), between two units of one period, and the median dependency wait
+    inside units. A thread that waits only for the hand-off itself shows a boundary gap
+    of about one thread wake-up (25-30 us on this project's machine).
+
 Run: ``python benchmarks/vs_handwritten.py`` (about 2 minutes), ``--quick`` for a ~15 s
 smoke run.
 """
@@ -400,6 +407,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a ~15 s smoke run: 3 durations, fewer iterations, "
                                                              "1 repeat")
     parser.add_argument("--only", choices=("fine-grained", "ms"), default=None, help="run one scenario only")
+    parser.add_argument("--trace", default=None, metavar="PATH",
+                        help="write the traced run of the ms-task plan (period-boundary gaps) to PATH as Chrome/"
+                             "Perfetto trace JSON")
     parser.add_argument("--workers-column", action="store_true",
                         help=f"add a column {WORKERS!r}: SWPipeline(plan, caller_thread_group=None), every thread "
                              f"group on a worker thread")
@@ -460,6 +470,42 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 print(f"ms tasks, {r.label}: SWPipeline {sp:.2f}x over serial, target >= 1.9x: "
                       f"{'met' if sp >= 1.9 else 'NOT met'} (ideal at {r.iters} iterations: "
                       f"{2 * r.iters / (r.iters + 1):.2f}x)")
+        print_boundary_gaps(make_tasks([_sleeper(ms) for ms in MS_COSTS]), args.iters, args.device, args.trace)
+
+
+def boundary_gaps(timeline: Any) -> List[List[str]]:
+    """Per thread group of a traced SWPipeline run: how long its thread had no unit in hand, split into
+    the gaps that cross a period boundary (its last unit of period P to its first of P + 1) and those
+    inside a period. A unit is "in hand" from when the thread picks it up (``ready``, before its
+    dependency waits) to when its task returns."""
+    rows = []
+    for group in timeline.thread_groups:
+        units = sorted((r for r in timeline.records if r.thread_group == group), key=lambda r: r.ready)
+        across: List[float] = []
+        inside: List[float] = []
+        for prev, nxt in zip(units, units[1:]):
+            (across if nxt.period != prev.period else inside).append(max(0.0, nxt.ready - prev.cpu_end) * 1e6)
+        waits = [r.wait * 1e6 for r in units]
+        rows.append([timeline.thread_label(group), str(len(across)), _us(across, 50), _us(across, 95),
+                     _us(inside, 50), _us(waits, 50)])
+    return rows
+
+
+def _us(values: List[float], pct: int) -> str:
+    if not values:
+        return "--"
+    ordered = sorted(values)
+    return f"{ordered[min(len(ordered) - 1, math.ceil(pct / 100 * len(ordered)) - 1)]:.0f}"
+
+
+def print_boundary_gaps(fns: Sequence[Task], iters: int, device: str, trace: Optional[str]) -> None:
+    pipe = swp.SWPipeline(build_plan(fns, STAGES_3), device=device)
+    pipe.run(range(iters), trace=trace or True)
+    print()
+    print(f"ms tasks, 3 stages, one traced SWPipeline run{f' (written to {trace})' if trace else ''}: idle time of "
+          f"each thread between units, in us")
+    print(format_table(["thread", "period boundaries", "gap median", "gap p95", "inside a period median",
+                        "dependency wait median"], boundary_gaps(pipe.timeline), left=1))
 
 
 def _sleeper(ms: float) -> Callable[[], None]:
