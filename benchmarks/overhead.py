@@ -21,7 +21,8 @@ What is measured
       a worker thread, the caller only coordinates (``run``'s way before it took the last
       stage's group onto the caller's thread);
     * ``DataFlow run``: ``DataFlowPipeline(plan, max_depth=3).run`` (as many live
-      iterations as the clock-driven engine; every group on a worker thread);
+      iterations as the clock-driven engine; its ``run()`` too runs the last stage's group
+      on the calling thread);
     * ``floor, workers``: no engine at all, only the thread hand-offs of a run with every
       group on a worker: each period the caller puts a token in every group's queue, the
       group's thread calls the no-op function once per task of the group, and the caller

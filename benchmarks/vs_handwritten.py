@@ -26,9 +26,8 @@ What is measured
     * ``SWPipeline``: ``SWPipeline(plan).run(data)`` (clock-driven, depth = number of stages);
       ``run()`` runs the last stage's thread group ("default") on the caller's thread, like the
       main thread's share in ``thread+Queue``, and "load" on a worker thread;
-    * ``DataFlow(3)``: ``DataFlowPipeline(plan, max_depth=3).run(data)``: every thread group on a
-      worker thread, the caller's thread only coordinates (three threads where the hand-written
-      versions use two);
+    * ``DataFlow(3)``: ``DataFlowPipeline(plan, max_depth=3).run(data)``, which also runs
+      "default" on the caller's thread;
     * ``SWP(workers)``, only with ``--workers-column``: ``SWPipeline(plan,
       caller_thread_group=None).run(data)``: every group on a worker thread, as ``SWPipeline``
       ran before ``run()`` took the last stage's group onto the caller's thread.

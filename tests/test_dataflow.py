@@ -217,3 +217,27 @@ def test_a_unit_published_with_its_context_completes_at_once_under_constant_thre
             assert drive(DataFlowPipeline(plan, max_depth=4, device="cpu"), range(12)) == list(range(12))
     finally:
         sys.setswitchinterval(old_interval)
+
+def test_run_runs_the_last_stage_on_the_caller_when_max_depth_allows_it() -> None:
+    # Group "g" runs A (stage 0) before Z (stage 1) in each period (they are on different streams, so the
+    # order inside a period is by name): Z(i) is handed out only once iteration i + 1 exists. U, on the
+    # caller's thread, waits for Z: the caller runs only the units up to the oldest iteration's last
+    # period, so it never waits for a Z that needs it to hand out a new iteration first (without that
+    # limit, U(1) would wait for Z(1), behind A(2), which needs iteration 0 retired).
+    main = threading.current_thread().name
+    log = ExecLog()
+    plan = make_plan(log, {"A": (0, "sa", "g"), "Z": (1, "sz", "g"), "U": (1, None, "default")}, intra=[("U", "Z")])
+    assert SWPipeline(plan, device="cpu").enqueue_order == ["A", "Z", "U"]
+    for max_depth in (2, 3):
+        log.events.clear()
+        DataFlowPipeline(plan, max_depth=max_depth, device="cpu", signal_timeout=5, progress_timeout=5).run(range(9))
+        assert log.threads_of("U") == {main} and log.threads_of("A") == {"swp-g"}
+        assert check_dependencies(log, plan, 9) == 9
+    log = ExecLog()
+    sparse = sparse_dist_plan(log)  # depth 3, and it runs with 2 live iterations
+    DataFlowPipeline(sparse, max_depth=2, device="cpu").run(range(5))  # fewer live iterations than the depth
+    assert log.threads_of("Forward") == {"swp-default"}
+    with pytest.raises(ValueError, match=r"caller_thread_group='default': a thread group on the caller's thread "
+                                         r"needs max_depth >= the plan's depth \(3\), got max_depth=2"):
+        DataFlowPipeline(sparse, max_depth=2, device="cpu", caller_thread_group="default")
+    assert swp_threads() == []

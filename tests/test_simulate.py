@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine_helpers import ExecLog, make_plan, valid_plans
-from swpipeline import PipelinePlan, SWPipeline, TaskSchedule
+from swpipeline import DataFlowPipeline, PipelinePlan, SWPipeline, TaskSchedule
 from swpipeline.planning.costs import TaskCost, TaskCosts
 from swpipeline.planning.overheads import EngineOverheads
 from swpipeline.ordering import last_stage_group
@@ -268,7 +268,7 @@ def test_calibrate_measures_this_machine() -> None:
     (dict(num_iterations=0), ValueError, "num_iterations must be >= 1, got 0"),
     (dict(num_iterations=2.0), TypeError, "num_iterations must be an int"),
     (dict(caller_thread_group="zz"), ValueError, r"caller_thread_group='zz' is not a thread group"),
-    (dict(engine="dataflow", caller_thread_group="a"), ValueError, "clock-driven engine option"),
+    (dict(engine="serial", caller_thread_group="a"), ValueError, "run_serial runs every task on the calling thread"),
     (dict(costs=[1, 2]), TypeError, "costs must be a TaskCosts or a dict"),
     (dict(overheads=1), TypeError, "overheads must be an EngineOverheads"),
     (dict(cores=0), ValueError, "cores must be >= 1, got 0"),
@@ -293,12 +293,15 @@ def test_dataflow_max_depth_too_small_is_refused_as_the_engine_does() -> None:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(valid_plans(), st.integers(1, 7))
-def test_each_thread_runs_what_the_engine_runs_in_its_order(shape: Dict[str, Any], batches: int) -> None:
+@given(valid_plans(), st.integers(1, 7), st.sampled_from(["clocked", "dataflow"]), st.integers(0, 2))
+def test_each_thread_runs_what_the_engine_runs_in_its_order(shape: Dict[str, Any], batches: int, engine: str,
+                                                            extra: int) -> None:
     log = ExecLog()
     plan = make_plan(log, shape["spec"], shape["intra"], shape["inter"])
-    SWPipeline(plan, device="cpu").run(range(batches))
-    result = simulate(plan, {n: 1 for n in plan.task_names}, batches, overheads=ZERO)
+    max_depth = plan.depth + extra if engine == "dataflow" else None
+    pipe = SWPipeline(plan, device="cpu") if max_depth is None else DataFlowPipeline(plan, max_depth, device="cpu")
+    pipe.run(range(batches))
+    result = simulate(plan, {n: 1 for n in plan.task_names}, batches, engine, max_depth, overheads=ZERO)
     caller = last_stage_group(plan)  # run() runs it on the calling thread; simulate() models the same
     for group in {s.thread_group for s in plan.schedules.values()}:
         simulated = [(u.task, u.iteration) for u in sorted(result.units(), key=lambda u: u.start)

@@ -77,8 +77,8 @@ def test_traced_run_records_every_unit_where_and_when_it_ran(engine: str) -> Non
         assert record.stream == (sched.stream or "default")
         assert record.period == (it + sched.stage if engine == "SWPipeline" else None)
         start, end, thread = log.stamps[(task, it)]
-        # SWPipeline.run() runs the last stage's group ("default") on the caller's thread
-        inline = engine == "SWPipeline" and sched.thread_group == "default"
+        # run() runs the last stage's group ("default") on the caller's thread
+        inline = sched.thread_group == "default"
         assert record.thread == thread == ("MainThread" if inline else f"swp-{sched.thread_group}")
         # the record brackets the task body, on the same clock
         assert record.ready <= record.cpu_start <= start - timeline.origin

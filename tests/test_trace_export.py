@@ -87,8 +87,8 @@ def test_trace_of_a_run_is_valid_trace_event_json(engine: str, tmp_path: Path) -
     check_waits_end_before_their_consumer(spans)
     assert doc["otherData"]["engine"] == engine and doc["otherData"]["iterations"] == 15
     meta = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
-    # SWPipeline.run() runs the last stage's group on the caller's thread: its track is named so
-    default = "MainThread (default)" if engine == "SWPipeline" else "swp-default"
+    # run() runs the last stage's group on the caller's thread: its track is named so
+    default = "MainThread (default)"
     assert sorted(meta.values()) == sorted(["swp-io", "swp-dist", default, "stream memcpy",
                                             "stream data_dist", "stream default"])
     tasks = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "task"]

@@ -25,7 +25,7 @@ import functools
 import math
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, List, NoReturn, Optional, Protocol, Union
+from typing import Any, Callable, Iterable, Iterator, List, NoReturn, Optional, Protocol, Tuple, Union
 
 import torch
 
@@ -81,7 +81,8 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
     def __init__(self, plan: PipelinePlan, num_slots: int, device: DeviceSpec = None, *,
                  signal_timeout: float = 30.0, progress_timeout: float = 60.0, join_timeout: float = 10.0,
                  worker_init: Optional[Callable[[str], None]] = None, check_races: bool = False,
-                 free_early: Union[bool, PlanAnalysis] = False, keep: Iterable[str] = ()) -> None:
+                 free_early: Union[bool, PlanAnalysis] = False, keep: Iterable[str] = (),
+                 caller_thread_group: Optional[str] = "auto") -> None:
         if not isinstance(plan, PipelinePlan):
             raise TypeError(f"plan must be a PipelinePlan, got {type(plan).__name__}")
         if not isinstance(check_races, bool):
@@ -110,8 +111,8 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
         self._race_checker = RaceChecker(plan) if check_races else None
         self._free_uses = attribute_uses(plan, free_early, keep)
         self._refresh_executors()
-        self._caller_group: Optional[str] = None  # a thread group run by the caller of progress()
-        self._run_group: Optional[str] = None  # the same for run(), which may choose one of its own
+        # a thread group run by the thread that drives the pipeline: in every fill / in run()
+        self._caller_group, self._run_group = self._caller_groups(caller_thread_group)
         self._run: Optional[Run] = None  # the current fill (None: idle)
         self._peak_live_contexts = 0
         self._stragglers = Stragglers()  # threads of ended runs that were still in a task
@@ -123,6 +124,29 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
 
     def _new_policy(self, run: Run) -> Policy:
         raise NotImplementedError
+
+    def _caller_groups(self, value: object) -> Tuple[Optional[str], Optional[str]]:
+        """``caller_thread_group`` as (the group on the caller's thread in every fill, the one in ``run()``)."""
+        if value == "auto":
+            auto = self.worker_init is None and self._caller_group_refusal() is None
+            return None, ordering.last_stage_group(self.plan) if auto else None
+        if value is None:
+            return None, None
+        if not isinstance(value, str) or value not in self._groups:
+            raise ValueError(f"caller_thread_group={value!r} is not a thread group of the plan (its groups: "
+                             f"{self._groups}); or pass \"auto\" or None")
+        refusal = self._caller_group_refusal()
+        if refusal is not None:
+            raise ValueError(f"caller_thread_group={value!r}: {refusal}")
+        return value, value
+
+    def _caller_group_refusal(self) -> Optional[str]:
+        """Why no group may run on the caller's thread with this engine's settings (None: it may)."""
+        return None
+
+    def _inline_through(self, run: Run) -> Optional[int]:
+        """The last (virtual) period whose units of the caller's group a ``progress()`` call runs (None: all)."""
+        return None
 
     def _start_run(self, data_iter: Iterator[Any], inline_group: Optional[str]) -> None:
         self._stragglers.check(self.join_timeout)
@@ -249,7 +273,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
             raise StopIteration
         try:
             if run.inline is not None:
-                run.inline.run_queued()
+                run.inline.run_queued(self._inline_through(run))
             oldest = run.retire_oldest()
             if advance:
                 run.modes = Modes.capture(self._mode_types)

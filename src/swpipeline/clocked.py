@@ -174,14 +174,8 @@ class SWPipeline(_PipelineBase):
         self.depth: int = plan.depth
         super().__init__(plan, self.depth, device, signal_timeout=signal_timeout,
                          progress_timeout=progress_timeout, join_timeout=join_timeout, worker_init=worker_init,
-                         check_races=check_races, free_early=free_early, keep=keep)
-        if caller_thread_group == "auto":
-            self._run_group = ordering.last_stage_group(plan) if worker_init is None else None
-        elif caller_thread_group is not None:
-            if not isinstance(caller_thread_group, str) or caller_thread_group not in self._groups:
-                raise ValueError(f"caller_thread_group={caller_thread_group!r} is not a thread group of the plan "
-                                 f"(its groups: {self._groups}); or pass \"auto\" or None")
-            self._caller_group = self._run_group = caller_thread_group
+                         check_races=check_races, free_early=free_early, keep=keep,
+                         caller_thread_group=caller_thread_group)
         for num_batches in sorted({1, self.depth, 2 * self.depth + 1}):
             self._schedule.check(num_batches)
         self._enqueue_order = [self._by_name[s.task] for s in self._schedule.slots]

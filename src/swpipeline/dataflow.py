@@ -23,6 +23,17 @@ is on a unit earlier in that order, so the earliest unfinished unit can run as s
 its iteration has a context. With ``max_depth >= depth`` it always has one (the
 iteration ``max_depth`` older, whose units all come earlier, has retired); a smaller
 ``max_depth`` is accepted only if ``Schedule.check`` runs the plan to the end with it.
+
+A thread group on the caller's thread (``caller_thread_group``; by default ``run()``
+runs the last stage's group so) runs its units only inside ``progress()``, and only
+those of virtual periods up to ``oldest + depth - 1``, the last one the oldest
+iteration has units in: the caller must come back to retire and hand out the next
+iteration. Everything such a unit waits for is handed out already: it comes earlier
+in the order, and a unit that is not handed out yet sits behind a unit of an
+iteration that does not exist yet, of virtual period at least ``oldest + max_depth``
+(>= ``oldest + depth``), later than the caller's unit. So the argument above holds
+with the caller as one more FIFO worker. With ``max_depth < depth`` no group runs on
+the caller's thread.
 """
 
 from __future__ import annotations
@@ -116,7 +127,9 @@ class DataFlowPipeline(_PipelineBase):
             alive (checked here, with a clear error otherwise).
 
     The other arguments (``device``, ``signal_timeout``, ``progress_timeout``, ``join_timeout``,
-    ``worker_init``, ``check_races``, ``free_early``, ``keep``) are as for ``SWPipeline``.
+    ``worker_init``, ``check_races``, ``free_early``, ``keep``, ``caller_thread_group``) are as for
+    ``SWPipeline``; a thread group runs on the caller's thread only with ``max_depth`` >= the plan's
+    depth (``"auto"`` keeps every group on a worker below that, a named group is refused).
 
     Raises:
         TypeError, ValueError: the plan breaks a stage rule, ``max_depth`` is not a positive int
@@ -126,13 +139,14 @@ class DataFlowPipeline(_PipelineBase):
     def __init__(self, plan: PipelinePlan, max_depth: int = 2, device: DeviceSpec = None, *,
                  signal_timeout: float = 30.0, progress_timeout: float = 60.0, join_timeout: float = 10.0,
                  worker_init: Optional[Callable[[str], None]] = None, check_races: bool = False,
-                 free_early: Union[bool, PlanAnalysis] = False, keep: Iterable[str] = ()) -> None:
+                 free_early: Union[bool, PlanAnalysis] = False, keep: Iterable[str] = (),
+                 caller_thread_group: Optional[str] = "auto") -> None:
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
             raise ValueError(f"max_depth must be an int >= 1 (the most iterations in flight), got {max_depth!r}")
         self.max_depth = max_depth
         super().__init__(plan, max_depth, device, signal_timeout=signal_timeout, progress_timeout=progress_timeout,
                          join_timeout=join_timeout, worker_init=worker_init, check_races=check_races,
-                         free_early=free_early, keep=keep)
+                         free_early=free_early, keep=keep, caller_thread_group=caller_thread_group)
         self._check_max_depth()
 
     def _check_max_depth(self) -> None:
@@ -158,6 +172,19 @@ class DataFlowPipeline(_PipelineBase):
 
     def _new_policy(self, run: Run) -> _Sequences:
         return _Sequences(run, self._schedule, self.max_depth)
+
+    def _caller_group_refusal(self) -> Optional[str]:
+        depth = self._schedule.depth
+        if self.max_depth < depth:
+            return (f"a thread group on the caller's thread needs max_depth >= the plan's depth ({depth}), got "
+                    f"max_depth={self.max_depth}: with fewer live iterations its units could wait for work the "
+                    f"caller hands out only after retiring an iteration; raise max_depth or pass None")
+        return None
+
+    def _inline_through(self, run: Run) -> Optional[int]:
+        # Only the units up to the period that completes the oldest iteration: with max_depth >= depth,
+        # everything they wait for is then handed out (see "Why it cannot deadlock" above).
+        return run.next_retire + self._schedule.depth - 1
 
     # -- inspection ---------------------------------------------------------------------------
 

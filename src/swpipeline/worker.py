@@ -257,11 +257,23 @@ class InlineWorker(_UnitRunner):
     def put(self, units: Sequence[Unit], modes: Optional[Modes] = None) -> None:
         self._queue.append((modes, units))
 
-    def run_queued(self) -> None:
-        """Run what was queued, in order, each item under the modes of the call that handed it out."""
+    def run_queued(self, through: Optional[int] = None) -> None:
+        """Run what was queued, in order, each item under the modes of the call that handed it out.
+
+        ``through``: run only the units of (virtual) periods up to it, a unit of iteration ``i``
+        and stage ``s`` being of period ``i + s``; the rest stays queued for a later call.
+        """
         pending = self._queue
         while pending:
             modes, units = pending.popleft()
+            if through is not None:
+                cut = next((k for k, unit in enumerate(units) if unit[1].iter_idx + unit[0].stage > through),
+                           len(units))
+                if cut < len(units):
+                    pending.appendleft((modes, units[cut:]))
+                    units = units[:cut]
+                    if not units:
+                        return
             with modes.applied() if modes is not None else contextlib.nullcontext():
                 if not self._run_units(units):
                     pending.clear()

@@ -146,9 +146,9 @@ def search_plan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRe
         budget: the most candidates the local search simulates.
         pinned: task name -> the thread group it must stay on (e.g. tasks that must run on the
             thread that owns the model); the others are free.
-        caller_thread_group: simulate that group on the calling thread, as
-            ``SWPipeline(caller_thread_group=...)`` runs it (clocked engine); ``"auto"`` (the default):
-            each candidate's last-stage group, as ``SWPipeline.run()`` does; None: every group on a worker.
+        caller_thread_group: simulate that group on the calling thread, as the engines'
+            ``caller_thread_group`` runs it; ``"auto"`` (the default): each candidate's last-stage group,
+            as ``run()`` does; None: every group on a worker.
         cores: at most this many task functions run at once (as for ``simulate``): give it when the
             process has fewer cores than the plan could keep busy, or its tasks hold the GIL.
 
@@ -179,21 +179,27 @@ def search_plan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRe
     plan = baseline if kept and baseline is not None else scorer.plan(best)
     live = None if engine == "clocked" else max_in_flight
     result = simulate(plan, args.costs, num_iterations, engine, live, jitter=jitter, overheads=args.overheads,
-                      data_seconds=data_seconds, caller_thread_group=_caller(plan, caller_thread_group), cores=cores)
+                      data_seconds=data_seconds, caller_thread_group=_caller(plan, caller_thread_group, live),
+                      cores=cores)
     baseline_result = None
     if baseline is not None:
         baseline_live = None if engine == "clocked" else max(max_in_flight, baseline.depth)
         baseline_result = simulate(baseline, args.costs, num_iterations, engine, baseline_live, jitter=jitter,
                                    overheads=args.overheads, data_seconds=data_seconds,
-                                   caller_thread_group=_caller(baseline, caller_thread_group), cores=cores)
+                                   caller_thread_group=_caller(baseline, caller_thread_group, baseline_live),
+                                   cores=cores)
     return PlanSearch(plan, result, engine, max_in_flight, is_exhaustive, candidates, len(scorer.cache), baseline,
                       baseline_result, kept)
 
 
-def _caller(plan: PipelinePlan, group: Optional[str]) -> Optional[str]:
-    """``group`` if the plan has it (a plan with no task on it has nothing to run on the caller); "auto" is
-    left for ``simulate`` to resolve for the plan."""
-    return group if group == "auto" or any(s.thread_group == group for s in plan.schedules.values()) else None
+def _caller(plan: PipelinePlan, group: Optional[str], live: Optional[int]) -> Optional[str]:
+    """``group`` if the plan has it (a plan with no task on it has nothing to run on the caller) and the engine
+    can run a group on the caller's thread (the data-flow one with ``live`` >= the depth); "auto" is left for
+    ``simulate`` to resolve for the plan."""
+    if group == "auto":
+        return group
+    allowed = live is None or live >= plan.depth
+    return group if allowed and any(s.thread_group == group for s in plan.schedules.values()) else None
 
 
 def _encode(space: Space, plan: PipelinePlan) -> Optional[Candidate]:

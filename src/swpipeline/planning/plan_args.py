@@ -122,11 +122,9 @@ def check_search_args(tasks: object, intra: Any, inter: Any, costs: object, max_
             raise ValueError(f"autoplan: the baseline plan's tasks {sorted(baseline.task_names)} differ from "
                              f"tasks {sorted(names)}; compare plans of the same tasks")
         ordered |= {n for n in names if baseline.schedules[n].globally_ordered}
-    if caller_thread_group == "auto" and engine != "clocked":
-        caller_thread_group = None  # what the engine's run() does: every group on a worker thread
-    if caller_thread_group is not None and (engine != "clocked" or not isinstance(caller_thread_group, str)):
-        raise ValueError(f"autoplan: caller_thread_group must be a thread group name, \"auto\" or None, and a "
-                         f"name only for the clocked engine; got {caller_thread_group!r} with engine={engine!r}")
+    if caller_thread_group is not None and not isinstance(caller_thread_group, str):
+        raise ValueError(f"autoplan: caller_thread_group must be a thread group name, \"auto\" or None; got "
+                         f"{caller_thread_group!r}")
     if cores is not None:
         _positive_int("cores", cores)
     space = Space(graph, objects, live, tuple(groups), stream_names, task_costs.has_device_times,

@@ -119,8 +119,9 @@ class Scorer:
             depth = max(cand[0]) + 1
             live = depth if self.engine == "clocked" else self.space.max_in_flight
             caller = self.space.caller_group
-            if caller == "auto":
-                caller = last_stage_group(plan)
+            if caller is not None:  # as the engines: the data-flow one only with max_depth >= depth
+                allowed = self.engine == "clocked" or live >= plan.depth
+                caller = (last_stage_group(plan) if caller == "auto" else caller) if allowed else None
             inline = compiled.groups.index(caller) if caller in compiled.groups else None
             sim = Simulation(compiled, self.thread_costs, self.device_costs, self.num_iterations, self.engine, live,
                              self.overheads, self.data_seconds, inline)

@@ -95,11 +95,13 @@ class Simulation:
             acts += [(RELEASE_PERIOD, p) for p in range(depth)]
             for k in range(N):
                 if self.inline is not None:
-                    acts.append((INLINE, 0))
+                    acts.append((INLINE, k))
                 acts += [(RETIRE, k), (RELEASE_PERIOD, depth + k)]
         else:
             acts.append((TOPUP, 0))
             for k in range(N):
+                if self.inline is not None:
+                    acts.append((INLINE, k))  # its units up to the last period of iteration k
                 acts += [(RETIRE, k), (TOPUP, 0)]
         acts.append((END, 0))
         return acts
@@ -153,9 +155,10 @@ class Simulation:
             g = -1 if self.inline is None else self.inline
             if self.inline_mark[0] != self.pc:  # entering the action (it may take several calls)
                 self.inline_mark = (self.pc, self.last_unit[g], self.t)
-            if run_inline and self.head[g] < self.handed[g]:
-                self._advance_group(g, self.t, True)
-            if self.head[g] < self.handed[g]:
+            upto = self._inline_upto(arg)
+            if run_inline and self.head[g] < upto:
+                self._advance_group(g, self.t, True, upto)
+            if self.head[g] < upto:
                 return False
             begin = self.inline_mark[2]
             if self.last_unit[g] != self.inline_mark[1]:  # it ends with its last unit
@@ -176,6 +179,18 @@ class Simulation:
         self.pc += 1
         return True
 
+    def _inline_upto(self, retiring: int) -> int:
+        """How far the caller's group's units go in an INLINE action before retiring iteration ``retiring``:
+        all handed out (clocked), or those of periods up to the last one of that iteration (data-flow)."""
+        g = self.inline
+        assert g is not None
+        if self.engine == "clocked":
+            return self.handed[g]
+        last, periods, h = retiring + self.c.depth - 1, self.seq.periods[g], self.head[g]
+        while h < self.handed[g] and periods[h] <= last:
+            h += 1
+        return h
+
     def _caller_due(self) -> Optional[float]:
         """When the caller's next action would start (None while it cannot)."""
         kind, arg = self.actions[self.pc]
@@ -195,9 +210,10 @@ class Simulation:
                 self.stopped = True
                 return
             best: Optional[Tuple[float, int, Tuple[float, float, int, int]]] = None
-            inline_turn = self.actions[self.pc][0] == INLINE and self.inline is not None
+            action, arg = self.actions[self.pc]
+            inline_turn = action == INLINE and self.inline is not None
             for g in workers + ([self.inline] if inline_turn and self.inline is not None else []):
-                if self.head[g] < self.handed[g]:
+                if self.head[g] < (self._inline_upto(arg) if g == self.inline else self.handed[g]):
                     ready = self._ready(g, self.t if g == self.inline else self.free[g], g == self.inline)
                     if ready is not None and (best is None or ready[0] < best[0]):
                         best = (ready[0], g, ready)
@@ -265,14 +281,16 @@ class Simulation:
 
     # -- the threads ---------------------------------------------------------------------------------
 
-    def _advance_group(self, g: int, free: float, inline: bool) -> bool:
-        """Compute group ``g``'s units in order while they can be; returns whether one was.
+    def _advance_group(self, g: int, free: float, inline: bool, upto: Optional[int] = None) -> bool:
+        """Compute group ``g``'s units in order while they can be (up to unit ``upto``, default every unit
+        handed out); returns whether one was.
 
         ``free`` is when the thread is free: its last unit's end, or the caller's clock for
         the caller's own group (``inline``), whose units are never waited for in a queue.
         """
         moved = False
-        while self.head[g] < self.handed[g]:
+        end = self.handed[g] if upto is None else upto
+        while self.head[g] < end:
             ready = self._ready(g, free, inline)
             if ready is None:
                 break

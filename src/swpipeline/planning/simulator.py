@@ -54,10 +54,10 @@ def simulate(plan: PipelinePlan, costs: CostsLike, num_iterations: int = 200, en
         overheads: the engine's own costs (default: ``EngineOverheads()``, measured on a 2-core machine;
             ``EngineOverheads.zero()`` for none, ``calibrate()`` to measure this machine's).
         data_seconds: what the data iterator takes per batch, on the calling thread.
-        caller_thread_group: as ``SWPipeline(caller_thread_group=...)`` in ``run()``: that group's tasks
-            run on the calling thread, at the start of each ``progress()`` (clocked engine only). The
-            default ``"auto"`` is what ``SWPipeline.run()`` does: the group of the plan's last stage for
-            the clocked engine (nothing for the others); None: every group on a worker thread.
+        caller_thread_group: as the engines' ``caller_thread_group`` in ``run()``: that group's tasks run
+            on the calling thread, at the start of each ``progress()``. The default ``"auto"`` is what
+            ``run()`` does: the group of the plan's last stage (for the data-flow engine only with
+            ``max_depth`` >= the depth); None: every group on a worker thread.
         cores: at most this many task functions run at once (the cores, or the GIL, the process
             really has for them); a task that finds none free waits for the first to be freed. Default
             None: every thread runs when it can, as if it had a core of its own. Every task counts as
@@ -89,12 +89,7 @@ def simulate(plan: PipelinePlan, costs: CostsLike, num_iterations: int = 200, en
         raise ValueError(f"simulate: data_seconds must be a number of seconds >= 0, got {data_seconds!r}")
     compiled = compile_plan(plan)
     live = _max_live(compiled, engine, max_depth)
-    if caller_thread_group == "auto":
-        caller_thread_group = last_stage_group(plan) if engine == "clocked" else None
-    if caller_thread_group is not None and engine != "clocked":
-        raise ValueError(f"simulate: caller_thread_group is a clock-driven engine option (engine='clocked'), "
-                         f"not for engine={engine!r}")
-    inline = group_index(compiled, caller_thread_group)
+    inline = group_index(compiled, caller_group(plan, engine, live, caller_thread_group))
     if cores is not None:
         _check_count("cores", cores)
     threads = [task_costs[name].thread_times(num_iterations, jitter) for name in compiled.names]
@@ -105,6 +100,20 @@ def simulate(plan: PipelinePlan, costs: CostsLike, num_iterations: int = 200, en
                      inline)
     sim.run(cores)
     return _result(sim, live)
+
+
+def caller_group(plan: PipelinePlan, engine: str, live: int, value: Optional[str]) -> Optional[str]:
+    """The thread group a simulated ``run()`` runs on the calling thread (``caller_thread_group``), checked as
+    the engines check it."""
+    allowed = engine == "clocked" or (engine == "dataflow" and live >= plan.depth)
+    if value == "auto":
+        return last_stage_group(plan) if allowed else None
+    if value is not None and not allowed:
+        why = ("run_serial runs every task on the calling thread" if engine == "serial" else
+               f"the data-flow engine runs a group on the calling thread only with max_depth >= the plan's "
+               f"depth ({plan.depth}), got {live}")
+        raise ValueError(f"simulate: caller_thread_group={value!r} with engine={engine!r}: {why}")
+    return value
 
 
 MAX_ITERATIONS = 10_000_000
