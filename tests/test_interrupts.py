@@ -35,12 +35,16 @@ MakePipe = Callable[..., Any]
 TIMEOUTS = dict(signal_timeout=5.0, progress_timeout=5.0, join_timeout=5.0)
 
 
-@pytest.fixture(params=["SWPipeline", "SWPipeline-caller-group", "DataFlowPipeline"])
+@pytest.fixture(params=["SWPipeline", "SWPipeline-caller-group", "DataFlowPipeline", "DataFlowPipeline-caller-group"])
 def make_pipe(request: pytest.FixtureRequest) -> MakePipe:
+    # run() runs the last stage's group on the calling thread; "-caller-group" does it in step control too
     if request.param == "SWPipeline":
         return lambda plan: SWPipeline(plan, device="cpu", **TIMEOUTS)
     if request.param == "SWPipeline-caller-group":
         return lambda plan: SWPipeline(plan, device="cpu", caller_thread_group="default", **TIMEOUTS)
+    if request.param == "DataFlowPipeline-caller-group":
+        return lambda plan: DataFlowPipeline(plan, max_depth=3, device="cpu", caller_thread_group="default",
+                                             **TIMEOUTS)
     return lambda plan: DataFlowPipeline(plan, max_depth=3, device="cpu", **TIMEOUTS)
 
 
