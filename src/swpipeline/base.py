@@ -170,9 +170,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
 
             plain, annotated = make_launches(self.device, labels, self._nvtx)
             run_units = (executor(plain, self.signal_timeout), executor(annotated, self.signal_timeout))
-            # On the caller's thread a unit is part of a progress() call, which waits progress_timeout at most
-            inline_timeout = min(self.signal_timeout, self.progress_timeout)
-            inline_units = (executor(plain, inline_timeout), executor(annotated, inline_timeout))
+            inline_units = (executor(plain, run.inline_timeout), executor(annotated, run.inline_timeout))
             run.policy = policy
             torch_threads, device, worker_init = torch.get_num_threads(), self.device, self.worker_init
 

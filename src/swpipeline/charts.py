@@ -15,7 +15,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
-
 if TYPE_CHECKING:
     from .tables import ScheduleRow
     from .records import PathLike, TaskRecord, TimelineData as Timeline

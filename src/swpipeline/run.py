@@ -52,6 +52,8 @@ class Run:
         self.event_slots = event_slots
         self.progress_timeout = progress_timeout
         self.signal_timeout = signal_timeout
+        # a unit on the caller's thread is part of a progress() call, which waits progress_timeout at most
+        self.inline_timeout = min(signal_timeout, progress_timeout)
         self.join_timeout = join_timeout
         self.board = CompletionBoard([t.name for t in tasks])
         self.turns = all_turns(tasks)  # the sequencer and the shared streams' turns, if any
@@ -218,7 +220,7 @@ class Run:
         than ``signal_timeout``) is progress() waiting too long: a ProgressTimeoutError, as if the caller had
         waited for the oldest iteration itself, naming what blocks it."""
         if isinstance(exc, (DependencyTimeoutError, SequencerTimeoutError)) and \
-                self.progress_timeout < self.signal_timeout:
+                self.inline_timeout < self.signal_timeout:
             oldest = self.next_retire
             timeout = ProgressTimeoutError(oldest, self.board.unfinished(oldest), self.progress_timeout,
                                            self.blocked_waits(oldest))

@@ -26,6 +26,7 @@ from .overheads import EngineOverheads
 from ..plan import PipelinePlan, PipelineTask
 from .plan_search import Scorer, Space, count_candidates, exhaustive, local, starting_points
 from .plan_space import Bounds, Candidate, normalized
+from .sim_model import run_caller_group
 from .sim_result import SimResult
 from .simulator import simulate
 
@@ -179,27 +180,25 @@ def search_plan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRe
     plan = baseline if kept and baseline is not None else scorer.plan(best)
     live = None if engine == "clocked" else max_in_flight
     result = simulate(plan, args.costs, num_iterations, engine, live, jitter=jitter, overheads=args.overheads,
-                      data_seconds=data_seconds, caller_thread_group=_caller(plan, caller_thread_group, live),
+                      data_seconds=data_seconds, caller_thread_group=_caller(plan, caller_thread_group, engine, live),
                       cores=cores)
     baseline_result = None
     if baseline is not None:
         baseline_live = None if engine == "clocked" else max(max_in_flight, baseline.depth)
         baseline_result = simulate(baseline, args.costs, num_iterations, engine, baseline_live, jitter=jitter,
                                    overheads=args.overheads, data_seconds=data_seconds,
-                                   caller_thread_group=_caller(baseline, caller_thread_group, baseline_live),
+                                   caller_thread_group=_caller(baseline, caller_thread_group, engine,
+                                                               baseline_live),
                                    cores=cores)
     return PlanSearch(plan, result, engine, max_in_flight, is_exhaustive, candidates, len(scorer.cache), baseline,
                       baseline_result, kept)
 
 
-def _caller(plan: PipelinePlan, group: Optional[str], live: Optional[int]) -> Optional[str]:
-    """``group`` if the plan has it (a plan with no task on it has nothing to run on the caller) and the engine
-    can run a group on the caller's thread (the data-flow one with ``live`` >= the depth); "auto" is left for
-    ``simulate`` to resolve for the plan."""
-    if group == "auto":
-        return group
-    allowed = live is None or live >= plan.depth
-    return group if allowed and any(s.thread_group == group for s in plan.schedules.values()) else None
+def _caller(plan: PipelinePlan, group: Optional[str], engine: str, live: Optional[int]) -> Optional[str]:
+    """The group ``run()`` would run on the calling thread, if the plan has it (a plan with no task on it has
+    nothing to run on the caller)."""
+    found = run_caller_group(plan, engine, plan.depth if live is None else live, group)
+    return found if any(s.thread_group == found for s in plan.schedules.values()) else None
 
 
 def _encode(space: Space, plan: PipelinePlan) -> Optional[Candidate]:

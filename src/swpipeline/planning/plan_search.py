@@ -22,11 +22,10 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .overheads import EngineOverheads
-from ..ordering import last_stage_group
 from ..plan import PipelinePlan, PipelineTask, TaskSchedule
 from .plan_space import Bounds, Candidate, TaskGraph, normalized, partitions, stage_vectors
 from .sim_core import Simulation
-from .sim_model import compile_plan
+from .sim_model import compile_plan, run_caller_group
 
 __all__: List[str] = []
 
@@ -118,10 +117,7 @@ class Scorer:
             compiled = compile_plan(plan)
             depth = max(cand[0]) + 1
             live = depth if self.engine == "clocked" else self.space.max_in_flight
-            caller = self.space.caller_group
-            if caller is not None:  # as the engines: the data-flow one only with max_depth >= depth
-                allowed = self.engine == "clocked" or live >= plan.depth
-                caller = (last_stage_group(plan) if caller == "auto" else caller) if allowed else None
+            caller = run_caller_group(plan, self.engine, live, self.space.caller_group)
             inline = compiled.groups.index(caller) if caller in compiled.groups else None
             sim = Simulation(compiled, self.thread_costs, self.device_costs, self.num_iterations, self.engine, live,
                              self.overheads, self.data_seconds, inline)

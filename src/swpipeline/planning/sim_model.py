@@ -133,6 +133,20 @@ def unit_sequences(compiled: CompiledPlan, num_iterations: int) -> UnitSequences
     return UnitSequences(tasks, iters, periods, gate, lines)
 
 
+def caller_group_allowed(engine: str, live: int, depth: int) -> bool:
+    """Whether the engine's ``run()`` can run a thread group on the calling thread: the clock-driven one
+    always, the data-flow one with at least ``depth`` live iterations, ``run_serial`` has no groups."""
+    return engine == "clocked" or (engine == "dataflow" and live >= depth)
+
+
+def run_caller_group(plan: PipelinePlan, engine: str, live: int, value: Optional[str]) -> Optional[str]:
+    """The thread group ``run()`` runs on the calling thread for ``caller_thread_group=value`` ("auto": the
+    last stage's group), or None where the engine runs none (see ``caller_group_allowed``)."""
+    if value is None or not caller_group_allowed(engine, live, plan.depth):
+        return None
+    return ordering.last_stage_group(plan) if value == "auto" else value
+
+
 def group_index(compiled: CompiledPlan, group: Optional[str]) -> Optional[int]:
     """The index of thread group ``group`` (None for None).
 

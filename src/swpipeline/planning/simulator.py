@@ -24,10 +24,9 @@ from typing import List, Mapping, Optional, Sequence, Tuple, Union
 
 from .costs import TaskCosts
 from .overheads import EngineOverheads
-from ..ordering import last_stage_group
 from ..plan import PipelinePlan
 from .sim_core import Simulation
-from .sim_model import CompiledPlan, compile_plan, group_index
+from .sim_model import CompiledPlan, caller_group_allowed, compile_plan, group_index, run_caller_group
 from .sim_path import PathStep, critical_path
 from .sim_result import SimArrays, SimResult, busy_shares, live_contexts
 
@@ -89,7 +88,12 @@ def simulate(plan: PipelinePlan, costs: CostsLike, num_iterations: int = 200, en
         raise ValueError(f"simulate: data_seconds must be a number of seconds >= 0, got {data_seconds!r}")
     compiled = compile_plan(plan)
     live = _max_live(compiled, engine, max_depth)
-    inline = group_index(compiled, caller_group(plan, engine, live, caller_thread_group))
+    if caller_thread_group not in (None, "auto") and not caller_group_allowed(engine, live, plan.depth):
+        why = ("run_serial runs every task on the calling thread" if engine == "serial" else
+               f"the data-flow engine runs a group on the calling thread only with max_depth >= the plan's "
+               f"depth ({plan.depth}), got {live}")
+        raise ValueError(f"simulate: caller_thread_group={caller_thread_group!r} with engine={engine!r}: {why}")
+    inline = group_index(compiled, run_caller_group(plan, engine, live, caller_thread_group))
     if cores is not None:
         _check_count("cores", cores)
     threads = [task_costs[name].thread_times(num_iterations, jitter) for name in compiled.names]
@@ -100,20 +104,6 @@ def simulate(plan: PipelinePlan, costs: CostsLike, num_iterations: int = 200, en
                      inline)
     sim.run(cores)
     return _result(sim, live)
-
-
-def caller_group(plan: PipelinePlan, engine: str, live: int, value: Optional[str]) -> Optional[str]:
-    """The thread group a simulated ``run()`` runs on the calling thread (``caller_thread_group``), checked as
-    the engines check it."""
-    allowed = engine == "clocked" or (engine == "dataflow" and live >= plan.depth)
-    if value == "auto":
-        return last_stage_group(plan) if allowed else None
-    if value is not None and not allowed:
-        why = ("run_serial runs every task on the calling thread" if engine == "serial" else
-               f"the data-flow engine runs a group on the calling thread only with max_depth >= the plan's "
-               f"depth ({plan.depth}), got {live}")
-        raise ValueError(f"simulate: caller_thread_group={value!r} with engine={engine!r}: {why}")
-    return value
 
 
 MAX_ITERATIONS = 10_000_000
