@@ -15,8 +15,11 @@ How to read the table
     ``bare us/iter`` and ``checked us/iter`` are median wall times per iteration;
     ``overhead us/task`` = (checked - bare) / (iters x tasks) and ``us/access`` =
     (checked - bare) / (iters x accesses), both the median over repeats of the per-repeat
-    difference. The checker adds a recording view per call and, per access, a lock and a
-    few set lookups; the pipelined row also shows any extra contention between the threads.
+    difference. The checker adds, per call, a recording view and a dispatch mode on the
+    calling thread (to see draws from random generators; these tasks run no torch
+    operator, so none reaches it) and, per access, a few dict and list operations; the
+    pipelined row also shows any extra contention between the threads. A task that runs
+    torch operators also pays a Python call per operator while it is checked.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from engine_helpers import ExecLog, sparse_dist_plan
-from swpipeline import DataFlowPipeline, SWPipeline
+from swpipeline import DataFlowPipeline, PipelinePlan, SWPipeline, TaskSchedule, simulate
+from swpipeline.timeline import Timeline
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -96,3 +97,39 @@ def test_gantt_chart_of_many_iterations_draws_hatched_runs(tmp_path: Path) -> No
     path = tmp_path / "many.png"
     pipe.timeline.save_chart(path)
     check_png(path, min_colors=12)
+
+
+def simulated_timeline(iterations: int, lanes_plan: str = "two") -> Timeline:
+
+    if lanes_plan == "two":
+        plan = PipelinePlan({"Load": TaskSchedule(0, "io", "io"), "Fwd": TaskSchedule(1)}, [("Fwd", "Load")])
+        return simulate(plan, {"Load": 0.002, "Fwd": 0.003}, iterations, data_seconds=0.025).timeline()
+    return simulate(PipelinePlan({"Fwd": TaskSchedule(0)}), {"Fwd": 0.003}, iterations).timeline()
+
+
+def test_the_time_axis_starts_at_the_start_of_the_run() -> None:
+    pytest.importorskip("matplotlib")
+    from swpipeline.charts import gantt_figure
+
+    timeline = simulated_timeline(12)
+    first = min(min(r.ready, r.cpu_start) for r in timeline.records)
+    assert first > 0.025  # the first batch took 25 ms to load: nothing ran before
+    for window in (None, (0, 7)):
+        ax = gantt_figure(timeline, iterations=window).axes[0]
+        assert ax.get_xlim()[0] == 0.0
+    later = gantt_figure(timeline, iterations=(5, 7)).axes[0]
+    assert later.get_xlim()[0] > 25.0  # a window of later iterations starts with them
+
+
+@pytest.mark.parametrize("iterations, lanes", [(20, "two"), (20, "one"), (45, "one")])
+def test_the_legend_stays_within_the_plot_height_and_the_picture(iterations: int, lanes: str) -> None:
+    pytest.importorskip("matplotlib")
+    from swpipeline.charts import gantt_figure
+
+    figure = gantt_figure(simulated_timeline(iterations, lanes))
+    ax = figure.axes[0]
+    legend = ax.get_legend()
+    assert len(legend.get_texts()) == min(iterations, 40) + 1  # one per drawn style, and the dependency wait
+    box, plot, page = legend.get_window_extent(), ax.get_window_extent(), figure.bbox
+    assert box.height <= plot.height + 1
+    assert box.y1 <= page.y1 and box.y0 >= page.y0 and box.x1 <= page.x1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import List
+from typing import Any, Dict, List
 
 import pytest
 
@@ -106,9 +106,20 @@ def test_plan_option_gives_the_dependencies(tmp_path: Path, capsys: pytest.Captu
                                         "Fwd   default  default      1",
                                         "Bwd   default  default      1",
                                         "dependencies: Prep <- Load, Fwd <- Prep, Bwd <- Fwd, Fwd <- Bwd(i-1)"]
-    assert out[-3:] == ["streams                             3          2",
-                        "critical path mostly              Bwd        Bwd",
-                        "predicted speedup               1.00x      1.90x"]
+    end = out.index("predicted speedup               1.00x      1.90x")
+    assert out[end - 2:end] == ["streams                             3          2",
+                                "critical path mostly              Bwd        Bwd"]
+    # Prep(i+1) followed Fwd(i) on the one thread; the suggestion moves Prep to the preparation thread
+    assert out[end + 1:] == [
+        "",
+        "the traced run got these orders from its placement alone (tasks on one thread or stream run in a fixed "
+        "order), and the suggestion drops them (1):",
+        "  - after Fwd(i): Prep(i+1); they ran on thread group 'default' (not the stream: on an accelerator their "
+        "kernels on stream 'prep' and the default stream are not ordered)",
+        "where one of two such tasks writes what the other reads or writes (weights, gradients, a buffer), the "
+        "suggestion races. To keep them all, run again with --keep-orders; to keep those that matter, with "
+        "--keep-order for each (e.g. --keep-order Prep,Fwd,inter), or declare them in the plan "
+        "((\"Prep\", \"Fwd\") in inter_iter_deps; analyze(plan, batch) names them)"]
 
 
 def test_a_real_traced_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -147,3 +158,180 @@ def test_missing_trace_and_bad_plan_option(tmp_path: Path, capsys: pytest.Captur
     write_trace(path)
     assert main(["plan", str(path), "--plan", "no_colon"]) == 2
     assert "--plan must be MODULE:NAME (e.g. mytrain:plan), got 'no_colon'" in capsys.readouterr().err
+
+
+# -- options in command-line words, before any work -------------------------------------------------------------
+
+
+def refused(argv: List[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run ``swpipeline plan`` with a bad option or trace: exit 2, nothing on stdout, one line on stderr."""
+    status: object
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # argparse refused an option
+        status = exc.code
+    assert status == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1, captured.err
+    return captured.err.rstrip("\n")
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--max-in-flight", "0", "argument --max-in-flight: must be an integer >= 1, got 0"),
+    ("--max-in-flight", "-3", "argument --max-in-flight: must be an integer >= 1, got -3"),
+    ("--iterations", "0", "argument --iterations: must be an integer >= 1, got 0"),
+    ("--cores", "0", "argument --cores: must be an integer >= 1, got 0"),
+    ("--skip-first", "-1", "argument --skip-first: must be an integer >= 0, got -1"),
+    ("--cores", "two", "argument --cores: must be an integer >= 1, got 'two'"),
+    ("--thread-groups", "", "argument --thread-groups: must list thread group names separated by commas, e.g. "
+                            "default,prep; got ''"),
+    ("--thread-groups", "default,,prep", "argument --thread-groups: must list thread group names separated by "
+                                         "commas, e.g. default,prep; got 'default,,prep'"),
+    ("--thread-groups", "a,b,a", "argument --thread-groups: lists a more than once; name each thread group once"),
+    ("--streams", ",", "argument --streams: must list stream names separated by commas, e.g. default,prep; got ','"),
+    ("--keep-order", "Fwd,Bwd", "argument --keep-order: must be TASK,DEP,intra or TASK,DEP,inter (e.g. "
+                                "Forward,OptimizerStep,inter: Forward(i+1) after OptimizerStep(i)); got 'Fwd,Bwd'"),
+])
+def test_a_bad_option_is_one_line_in_command_line_words(option: str, value: str, message: str, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "run.json"
+    write_trace(path)
+    assert refused(["plan", str(path), option, value], capsys) == f"swpipeline plan: error: {message}"
+
+
+def test_an_abbreviated_option_is_not_taken_for_another(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "run.json"
+    write_trace(path)
+    assert refused(["plan", str(path), "--max", "2"], capsys) == \
+        "swpipeline: error: unrecognized arguments: --max 2"
+
+
+def test_skipping_every_traced_iteration_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "run.json"
+    write_trace(path)  # 20 iterations
+    for skip in ("20", "50"):
+        assert refused(["plan", str(path), "--skip-first", skip], capsys) == (
+            f"swpipeline plan: error: --skip-first {skip}: the trace has 20 iteration(s), so no cost would be left; "
+            f"leave out at most 19")
+    assert main(["plan", str(path), "--skip-first", "19", "--overheads", "zero"]) == 0
+    assert "0.0% against the trace)" in capsys.readouterr().out  # costs from the last iteration alone
+
+
+def test_a_picture_a_folder_or_a_missing_file_given_as_the_trace(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    picture = tmp_path / "chart.png"
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    assert refused(["plan", str(picture)], capsys) == (
+        f"swpipeline plan: error: {picture}: is a PNG picture, not a JSON trace; pass a trace written by "
+        f"pipe.run(data, trace='run.json')")
+    assert refused(["plan", str(tmp_path)], capsys) == (
+        f"swpipeline plan: error: {tmp_path}: cannot be read (Is a directory); pass a trace written by "
+        f"pipe.run(data, trace='run.json')")
+    assert refused(["plan", str(tmp_path / "none.json")], capsys) == (
+        f"swpipeline plan: error: {tmp_path / 'none.json'}: cannot be read (No such file or directory); pass a "
+        f"trace written by pipe.run(data, trace='run.json')")
+
+
+def test_a_plan_option_that_cannot_be_loaded(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "run.json"
+    write_trace(path)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plans_here.py").write_text("def broken():\n    raise RuntimeError('no GPU')\n")
+    assert refused(["plan", str(path), "--plan", "no_such_module_here:plan"], capsys) == (
+        "swpipeline plan: error: --plan no_such_module_here:plan: cannot import no_such_module_here "
+        "(ModuleNotFoundError: No module named 'no_such_module_here')")
+    assert refused(["plan", str(path), "--plan", "plans_here:missing"], capsys) == (
+        "swpipeline plan: error: --plan plans_here:missing: module plans_here has no 'missing'; name the plan, or a "
+        "function returning it")
+    assert refused(["plan", str(path), "--plan", "plans_here:broken"], capsys) == (
+        "swpipeline plan: error: --plan plans_here:broken: broken() raised RuntimeError: no GPU")
+
+
+# -- traces from elsewhere -------------------------------------------------------------------------------------
+
+
+def span(name: str, cat: str, pid: int, args: Dict[str, Any], ts: Any = 0.0, dur: Any = 10.0) -> Dict[str, Any]:
+    return {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": dur, "pid": pid, "tid": 1, "args": args}
+
+
+TASK_ARGS = {"iteration": 0, "stage": 0, "thread_group": "default", "stream": "default"}
+
+
+@pytest.mark.parametrize("events, message", [
+    ([span("Forward", "task", 1, {})], "traceEvents[0], a task span 'Forward', has no args.iteration"),
+    ([span("Forward", "task", 1, {"iteration": 0, "stage": 0, "stream": "default"})],
+     "traceEvents[0], a task span 'Forward', has no args.thread_group"),
+    ([span("Forward", "task", 1, dict(TASK_ARGS, iteration="3"))],
+     "traceEvents[0], a task span 'Forward', has args.iteration '3', not a whole number >= 0"),
+    ([{"name": "Forward", "cat": "task", "ph": "X", "ts": 5.0, "pid": 1, "tid": 1, "args": TASK_ARGS}],
+     "traceEvents[0], a task span 'Forward', has no 'dur'"),
+    ([span("Load", "task", 1, TASK_ARGS), {"name": "Forward", "cat": "task", "ph": "X", "dur": 5.0, "pid": 1,
+                                          "tid": 1, "args": TASK_ARGS}],
+     "traceEvents[1], a task span 'Forward', has no 'ts'"),
+    ([span("Forward", "task", 1, TASK_ARGS, ts="soon")],
+     "traceEvents[0], a task span 'Forward', has ts 'soon', not a number of microseconds"),
+    ([span("Forward", "task", 1, TASK_ARGS, dur=-4.0)],
+     "traceEvents[0], a task span 'Forward', has a negative dur -4.0"),
+    ([span("Forward", "task", 1, TASK_ARGS), span("wait Load", "dependency_wait", 1, {"task": "Forward",
+                                                                                      "iteration": 0})],
+     "traceEvents[1], a dependency wait 'wait Load', has no args.dependency"),
+    ([span("Forward", "task", 1, TASK_ARGS),
+      span("wait Load", "dependency_wait", 1, {"task": "Forward", "iteration": 0, "dependency": "Load",
+                                                "dependency_iteration": 0})],
+     "traceEvents[1], a dependency wait of Forward(i0), waits for 'Load', which has no task span in the trace"),
+    ([span("Forward", "device", 2, {})], "traceEvents[0], a device span 'Forward', has no args.iteration"),
+    ([span("aten::mm", "cpu_op", 7, {"External id": 3}), span("ProfilerStep#1", "user_annotation", 7, {})],
+     "holds no task spans (events of category 'task' on process 1)"),
+])
+def test_a_trace_from_elsewhere_is_refused_in_one_line(events: List[Dict[str, Any]], message: str, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    err = refused(["plan", str(path)], capsys)
+    assert err.startswith(f"swpipeline plan: error: {path}: {message}")
+    assert err.endswith("pass a trace written by pipe.run(data, trace='run.json')") or \
+        err.endswith("at least one task")
+
+
+def test_other_tools_events_in_a_trace_are_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "run.json"
+    write_trace(path)
+    data = json.loads(path.read_text())
+    data["traceEvents"] += [{"name": "aten::mm", "ph": "X", "cat": "cpu_op", "pid": 9, "tid": 9},  # no ts, no dur
+                            {"ph": "i", "name": "marker", "pid": 1, "cat": "task"}, "not an event", 7]
+    path.write_text(json.dumps(data))
+    assert main(["plan", str(path), "--overheads", "zero"]) == 0
+    assert capsys.readouterr().out.startswith(f"trace {path}: simulated clocked on simulated, 20 iterations")
+
+
+@pytest.mark.parametrize("plan_value, message", [
+    ("everything", "otherData.plan is not an object of dependencies"),
+    ({"intra": [["Prep"]]}, "otherData.plan.intra holds ['Prep'], not a [task, depends_on] pair of task names"),
+    ({"inter": "Fwd,Bwd"}, "otherData.plan.inter is not a list"),
+    ({"intra": [["Prep", "Ghost"]]}, "otherData.plan.intra names 'Ghost', which has no task span in the trace"),
+    ({"globally_ordered": [3]}, "otherData.plan.globally_ordered holds 3, not a task name"),
+])
+def test_a_bad_plan_record_in_a_trace_is_refused(plan_value: Any, message: str, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "run.json"
+    write_trace(path)
+    data = json.loads(path.read_text())
+    data["otherData"]["plan"] = plan_value
+    path.write_text(json.dumps(data))
+    assert refused(["plan", str(path)], capsys) == (f"swpipeline plan: error: {path}: {message}; pass a trace "
+                                                    f"written by pipe.run(data, trace='run.json')")
+
+
+def test_deeply_nested_json_is_refused_not_a_recursion_error(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 200_000 + "]" * 200_000)
+    assert refused(["plan", str(path)], capsys) == (
+        f"swpipeline plan: error: {path}: its JSON is nested too deeply to read (a trace's events are flat); pass "
+        f"a trace written by pipe.run(data, trace='run.json')")
+    path.write_text(json.dumps({"traceEvents": [span("F", "task", 1, TASK_ARGS)], "otherData": {"wall_ms": "1s"}}))
+    assert refused(["plan", str(path)], capsys) == (
+        f"swpipeline plan: error: {path}: otherData.wall_ms is '1s', not a number of milliseconds; pass a trace "
+        f"written by pipe.run(data, trace='run.json')")

@@ -39,7 +39,7 @@ def test_demo_command_prints_plan_results_and_equal_losses(capsys: pytest.Captur
     assert main(TINY_ARGS) == 0
     out = capsys.readouterr().out
     assert "torch.set_num_threads(1)" in out
-    assert "#  Task" in out and "| P0    P1    P2    P3    P4" in out  # print_schedule(5)
+    assert "#  Task" in out and "| P0    P1    P2    P3    P4" in out  # the schedule, 5 periods
     for row in ("PrepareBatch      prep    prep", "CopyToDevice      copy    copy",
                 "Forward           default default"):
         assert row in out
@@ -48,6 +48,23 @@ def test_demo_command_prints_plan_results_and_equal_losses(capsys: pytest.Captur
     assert "losses equal: yes (all 5 iterations bitwise equal" in out
     assert torch.get_num_threads() == threads_before  # the demo restores the global setting
     assert swp_threads() == []
+
+
+def test_demo_schedule_lists_the_stages_in_the_order_a_batch_goes_through_them(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(TINY_ARGS) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index("the plan, period by period (a row per task, in the order a batch goes through them; iN: "
+                        "iteration N runs the task in that period):")
+    assert lines[start + 1:start + 8] == [
+        "#  Task              Thread  Stream       | P0    P1    P2    P3    P4",
+        "-- ----------------- ------- ------------ + ----- ----- ----- ----- -----",
+        "0  PrepareBatch      prep    prep         | i0    i1    i2    i3    i4",
+        "1  CopyToDevice      copy    copy         | --    i0    i1    i2    i3",
+        "2  Forward           default default      | --    --    i0    i1    i2",
+        "3  Backward          default default      | --    --    i0    i1    i2",
+        "4  OptimizerStep     default default      | --    --    i0    i1    i2",
+    ]
 
 
 def test_demo_writes_the_trace_and_pictures_and_prints_the_stats(tmp_path: Path,

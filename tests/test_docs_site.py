@@ -28,7 +28,8 @@ REFERENCE_PAGES: Dict[str, List[str]] = {
     "engines": ["SWPipeline", "DataFlowPipeline", "SWPipeline.run", "SWPipeline.run_serial"],
     "step_by_step": ["SWPipeline.fill_pipeline", "SWPipeline.progress", "SWPipeline.advance", "SWPipeline.drain",
                      "SWPipeline.abandon", "SWPipeline.last_context"],
-    "failures": ["PipelineTimeoutError", "DependencyTimeoutError", "SequencerTimeoutError", "ProgressTimeoutError"],
+    "failures": ["PipelineTimeoutError", "DependencyTimeoutError", "SequencerTimeoutError", "ProgressTimeoutError",
+                 "FreedAttributeError"],
     "tracing": ["SWPipeline.stats", "SWPipeline.timeline", "SWPipeline.tracing", "SWPipeline.save_schedule_chart",
                 "Timeline", "RunStats", "TaskStats", "TaskRecord", "DependencyWait"],
     "shortcut": ["SWPipeline.enable_shortcut", "DeclaredIO", "TaskProfiler", "ProfileResult"],
@@ -125,3 +126,28 @@ def test_written_pages_stand_alone() -> None:
         text = page.read_text(encoding="utf-8")
         for word in ("seed", "corollar", "api reference document", "shared/"):
             assert word not in text.lower(), f"{page.relative_to(ROOT)} mentions {word!r}"
+
+
+def _internal_modules() -> Set[str]:
+    """Module names inside the package that the reference does not document (everything but the subpackages)."""
+    package = ROOT / "src" / "swpipeline"
+    found = {p.stem for p in package.rglob("*.py") if p.stem != "__init__"}
+    found |= {p.name for p in package.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    words = {"plan", "schedule", "timeline", "device", "stats", "records", "modes", "errors", "cache", "table",
+             "tasks", "stages", "streams", "cells", "plans", "feed", "pipeline", "partition", "randomness",
+             "costs"}
+    return found - set(SUBPACKAGES) - words  # module names that are also everyday words of the docstrings
+
+
+def test_reference_pages_never_send_the_reader_to_internal_modules(site: Path) -> None:
+    # A docstring on the site that says "see ordering.longest_stage_chain" or "see checkpoint.py" points at
+    # code the reference does not show: say the rule itself instead.
+    internal = _internal_modules()
+    for name in REFERENCE_PAGES:
+        text = html.unescape(re.sub(r"<[^>]+>", " ", _page(site, f"reference/{name}")))
+        text = re.sub(r"\s+", " ", text)
+        files = sorted(set(re.findall(r"\b\w+\.py\b", text)))
+        assert not files, f"reference/{name} names source files: {files}"
+        dotted = sorted({m for m, ext in re.findall(r"\b([a-z_]+)\.([a-z_]+)\b", text)
+                         if m in internal and ext not in ("json", "png", "html", "md", "txt", "csv")})
+        assert not dotted, f"reference/{name} names internal modules: {dotted}"

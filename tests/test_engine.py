@@ -13,8 +13,8 @@ import torch
 
 from engine_helpers import (ExecLog, FakeStream, check_dependencies, drive, make_plan, sparse_dist_plan, swp_threads,
                             wait_until)
-from swpipeline import (CPUDevice, IterContext, PipelinePlan, PipelineTask, SimulatedDevice, SWPipeline,
-                        TaskSchedule, ordering)
+from swpipeline import (CPUDevice, DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, SimulatedDevice,
+                        SWPipeline, TaskSchedule, ordering)
 from swpipeline.errors import DependencyTimeoutError, ProgressTimeoutError
 
 
@@ -483,3 +483,55 @@ def test_abandon_drops_in_flight_iterations(caller: Any) -> None:
     assert swp_threads() == [] and pipe.contexts_in_flight() == []
     assert not any(t == "OptimizerStep" and i >= 3 for t, i in log.starts())
     assert drive(pipe, range(2)) == [0, 1]
+
+
+# -- the device: what was asked, what is used, and drain() after serial iterations -----------------------
+
+
+class CountingDevice(CPUDevice):
+    """The CPU, counting the synchronizations it is asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.synchronized = 0
+
+    def synchronize(self) -> None:
+        self.synchronized += 1
+
+
+class FakeAccelerator(CPUDevice):
+    """What ``device=0`` resolves to on a machine with an accelerator, as far as the repr is concerned."""
+
+    kind = "cuda:0"
+    index = 0
+
+
+@pytest.mark.parametrize("engine", ["SWPipeline", "DataFlowPipeline"])
+def test_repr_shows_the_device_asked_for_and_the_one_used_when_they_differ(engine: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    def make(**kwargs: Any) -> Any:
+        plan = sparse_dist_plan(ExecLog())
+        return SWPipeline(plan, **kwargs) if engine == "SWPipeline" else DataFlowPipeline(plan, max_depth=3,
+                                                                                          **kwargs)
+
+    monkeypatch.setattr("swpipeline.device.machine_accelerator", lambda: None)  # a machine without one
+    assert repr(make(device=0)).startswith(f"{engine}(device=0 (cpu), ")  # the documented fall-back, shown
+    assert repr(make(device="cpu")).startswith(f"{engine}(device=cpu, ")
+    assert repr(make(device=torch.device("cpu"))).startswith(f"{engine}(device=cpu, ")
+    assert repr(make()).startswith(f"{engine}(device=cpu, ")  # nothing asked: the one used
+    monkeypatch.setattr("swpipeline.base.resolve_device", lambda spec: FakeAccelerator())
+    assert repr(make(device=0)).startswith(f"{engine}(device=0, ")  # asked and used are the same
+    assert repr(make(device="cuda:0")).startswith(f"{engine}(device=cuda:0, ")
+
+
+def test_drain_after_serial_iterations_synchronizes_the_device(make_pipe: Any) -> None:
+    device = CountingDevice()
+    pipe = make_pipe(sparse_dist_plan(ExecLog()), device=device)
+    pipe.run_one_serial_iter(0)
+    pipe.run_one_serial_iter(1, iter_idx=1)
+    assert device.synchronized == 0
+    pipe.drain()  # serial iterations: drain() is just a device synchronize
+    assert device.synchronized == 1
+    drive(pipe, range(4))
+    pipe.drain()
+    assert device.synchronized == 2

@@ -121,3 +121,18 @@ def test_readme_example_runs_as_printed(tmp_path: Path) -> None:
     script.write_text(readme_example())
     result = _run([sys.executable, str(script)], tmp_path, TIMEOUT_S)
     _check(result, "#  Task")  # pipe.print_schedule(5) printed the schedule, and the run ended without an error
+
+
+# torch built for CUDA on a machine without a driver: torch names "cuda" as the accelerator, yet none is available.
+CUDA_BUILD_WITHOUT_A_DEVICE = '''import torch
+torch.accelerator.current_accelerator = lambda check_available=False: None if check_available else torch.device("cuda")
+torch.accelerator.is_available = lambda: False
+'''
+
+
+def test_readme_example_runs_on_a_cuda_build_without_a_device(tmp_path: Path) -> None:
+    script = tmp_path / "readme_example.py"
+    script.write_text(CUDA_BUILD_WITHOUT_A_DEVICE + readme_example()
+                      + 'print("devices:", device, type(pipe.device).__name__)\n')
+    result = _run([sys.executable, str(script)], tmp_path, TIMEOUT_S)
+    _check(result, "devices: cpu CPUDevice")  # the example's device is the one the engine picked

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine_helpers import swp_threads
-from swpipeline import (DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, SimulatedDevice, SWPipeline,
+from swpipeline import (DataFlowPipeline, FreedAttributeError, IterContext, PipelinePlan, PipelineTask, SimulatedDevice, SWPipeline,
                         TaskSchedule, analyze)
 
 USES = {"A": ((), ("a",)), "B": (("a",), ("b",)), "C": (("a", "b"), ("c",)), "D": (("c",), ("out",))}
@@ -65,7 +65,7 @@ def run_chain(engine: str, free_early: Any, keep: Tuple[str, ...] = (), n: int =
             break
         ctx = pipe.last_context
         retired[idx] = sorted(vars(ctx))
-        if hasattr(ctx, "out"):
+        if "out" in retired[idx]:
             outs.append(ctx.out)
     return seen, retired, outs
 
@@ -99,8 +99,8 @@ def test_without_keep_even_the_last_tasks_output_goes() -> None:
     assert retired == {i: [] for i in range(6)} and outs == []
 
 
-@pytest.mark.parametrize("engine", ["SWPipeline", "DataFlowPipeline"])
-def test_reading_an_attribute_freed_early_says_why(engine: str) -> None:
+def late_reader(engine: str, read: Any) -> Any:
+    """W writes x, U reads it (both declared), then Late reads x with ``read`` without declaring it."""
     def write(ctx: IterContext) -> None:
         ctx.x = 1
 
@@ -108,15 +108,20 @@ def test_reading_an_attribute_freed_early_says_why(engine: str) -> None:
         ctx.y = ctx.x
 
     def late(ctx: IterContext) -> None:
-        ctx.z = ctx.x  # reads x without declaring it
+        ctx.z = read(ctx)
 
     w, u, lt = (PipelineTask("W", write, reads=(), writes=("x",)), PipelineTask("U", use, reads=("x",), writes=("y",)),
                 PipelineTask("Late", late, reads=(), writes=("z",)))
     plan = PipelinePlan({w: TaskSchedule(stage=0), u: TaskSchedule(stage=1), lt: TaskSchedule(stage=2)},
                         intra_iter_deps=[(u, w), (lt, u)])
-    pipe = SWPipeline(plan, device="cpu", free_early=True) if engine == "SWPipeline" else DataFlowPipeline(
+    return SWPipeline(plan, device="cpu", free_early=True) if engine == "SWPipeline" else DataFlowPipeline(
         plan, max_depth=3, device="cpu", free_early=True)
-    with pytest.raises(AttributeError) as info:
+
+
+@pytest.mark.parametrize("engine", ["SWPipeline", "DataFlowPipeline"])
+def test_reading_an_attribute_freed_early_says_why(engine: str) -> None:
+    pipe = late_reader(engine, lambda ctx: ctx.x)  # reads x without declaring it
+    with pytest.raises(FreedAttributeError) as info:
         pipe.run(range(3))
     assert str(info.value) == (
         "IterContext of iteration 0 no longer has 'x': free_early deleted it once every task that declares it "
@@ -156,3 +161,40 @@ def test_free_early_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match=r"free_early: the analysis is of another plan \(tasks \['Solo'\], this "
                                          r"plan's \['A', 'B', 'C', 'D'\]\)"):
         SWPipeline(plan, device="cpu", free_early=analyze(other, 0))
+
+
+_FREED_READS = {
+    "getattr with a default": lambda ctx: getattr(ctx, "x", None),
+    "hasattr": lambda ctx: hasattr(ctx, "x"),
+    "vars().get": lambda ctx: vars(ctx).get("x"),
+    "vars().get with a default": lambda ctx: vars(ctx).get("x", 0),
+    "in vars()": lambda ctx: "x" in vars(ctx),
+    "vars()[]": lambda ctx: vars(ctx)["x"],
+    "__dict__.get": lambda ctx: ctx.__dict__.get("x"),
+    "vars().pop with a default": lambda ctx: vars(ctx).pop("x", None),
+    "vars().setdefault": lambda ctx: vars(ctx).setdefault("x", None),
+}
+
+
+@pytest.mark.parametrize("engine", ["SWPipeline", "DataFlowPipeline"])
+@pytest.mark.parametrize("how", sorted(_FREED_READS))
+def test_every_way_of_reading_a_freed_attribute_fails_as_clearly(engine: str, how: str) -> None:
+    pipe = late_reader(engine, _FREED_READS[how])  # reads x without declaring it: a serial run gives the value
+    with pytest.raises(RuntimeError) as info:
+        pipe.run(range(3))
+    assert not isinstance(info.value, (AttributeError, KeyError))  # no default or fallback may swallow it
+    assert str(info.value).startswith("IterContext of iteration 0 no longer has 'x': free_early deleted it")
+    assert (getattr(info.value, "swp_task"), getattr(info.value, "swp_iter")) == ("Late", 0)
+    assert swp_threads() == []
+
+
+def test_a_context_without_freed_attributes_behaves_like_a_plain_object() -> None:
+    ctx = IterContext(batch=7, iter_idx=0)
+    ctx.a = 1
+    assert getattr(ctx, "b", None) is None and not hasattr(ctx, "b") and vars(ctx).get("b") is None
+    assert "a" in vars(ctx) and vars(ctx)["a"] == 1 and vars(ctx).copy() == {"a": 1}
+    with pytest.raises(KeyError):
+        vars(ctx)["b"]
+    ctx._swp_free(["a"])
+    ctx.a = 2  # written again after it was freed: a new value, readable as any other
+    assert ctx.a == 2 and vars(ctx).get("a") == 2 and hasattr(ctx, "a")

@@ -261,3 +261,83 @@ def test_one_cuda_device_with_a_stream_per_partition(checkpoint: str) -> None:
 def test_empty_module_returns_its_input() -> None:
     x = torch.randn(4, 3)
     assert GPipe(nn.Sequential(), [], devices=[]).forward(x) is x
+
+
+# -- switching imports: torchgpipe's users, and torchgpipe's own tests, against GPipe -------------------------
+
+
+@pytest.mark.parametrize("chunks", [42.0, 4.0])
+def test_a_whole_float_chunks_is_accepted_as_by_torchgpipe(chunks: float) -> None:
+    plain = make_model()
+    theirs = torchgpipe.GPipe(copy.deepcopy(plain), BALANCES[2], devices=["cpu"] * 2, chunks=chunks)
+    ours = GPipe(copy.deepcopy(plain), BALANCES[2], devices=["cpu"] * 2, chunks=chunks)
+    assert ours.chunks == theirs.chunks == int(chunks) and type(ours.chunks) is int
+    x, weights = data(15)
+    out_theirs, xgrad_theirs = step(theirs, x, weights)
+    out_ours, xgrad_ours = step(ours, x, weights)
+    assert torch.equal(out_ours, out_theirs) and torch.equal(xgrad_ours, xgrad_theirs)
+
+
+@pytest.mark.parametrize("chunks, error, message", [
+    (2.5, ValueError, r"chunks=2.5 is not a whole number of micro-batches; use an int such as chunks=2"),
+    (True, TypeError, r"chunks must be an int \(micro-batches per mini-batch\), got bool True"),
+    ("4", TypeError, r"chunks must be an int \(micro-batches per mini-batch\), got str '4'"),
+])
+def test_chunks_torchgpipe_would_convert_with_int_are_refused(chunks: object, error: type, message: str) -> None:
+    """torchgpipe takes int(chunks): 2.5 silently becomes 2, True 1, "4" 4; GPipe says what is wrong instead."""
+    theirs = torchgpipe.GPipe(make_model(), BALANCES[2], devices=["cpu"] * 2, chunks=chunks)
+    assert theirs.chunks == int(chunks)  # type: ignore[call-overload]
+    with pytest.raises(error, match=message):
+        GPipe(make_model(), BALANCES[2], devices=["cpu"] * 2, chunks=chunks)  # type: ignore[arg-type]
+
+
+def test_fewer_devices_than_partitions_raise_index_error_as_in_torchgpipe() -> None:
+    with pytest.raises(IndexError, match="too few devices"):
+        torchgpipe.GPipe(make_model(), BALANCES[3], devices=["cpu", "cpu"])
+    for expected in (IndexError, ValueError):  # both: torchgpipe's error, and a wrong argument's
+        with pytest.raises(expected, match=r"devices=\['cpu', 'cpu'\] holds 2 device\(s\) for 3 partitions; give "
+                                           r"one per partition"):
+            GPipe(make_model(), BALANCES[3], devices=["cpu", "cpu"])
+
+
+@pytest.mark.parametrize("build", ["torchgpipe", "swpipeline"])
+def test_an_in_place_first_layer_of_a_checkpointed_partition_fails_in_backward_as_in_torchgpipe(build: str) -> None:
+    """torchgpipe's own test of this case: the forward runs, the backward raises torch's in-place error."""
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(1, 1), nn.ReLU(inplace=True))
+    gpipe = torchgpipe.GPipe if build == "torchgpipe" else GPipe
+    model = gpipe(copy.deepcopy(plain), [1, 1], devices=["cpu", "cpu"], checkpoint="always")
+    x = torch.rand(1)
+    y = model(x)
+    assert torch.equal(y.detach(), plain(x).detach())
+    with pytest.raises(RuntimeError, match=r"a leaf Variable that requires grad .* used in an in-place operation."):
+        y.backward()
+
+
+class MeanOfSecond(nn.Module):
+    """``a + mean(b)`` over the rows of ``b``: a micro-batch of ``b`` has other rows than the whole of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, pair: Tuple[Tensor, Tensor]) -> Tensor:
+        self.calls += 1
+        return pair[0] + pair[1].mean(0, keepdim=True)
+
+
+def test_input_tensors_of_different_batch_sizes_are_refused_before_any_work() -> None:
+    """torchgpipe splits 4 and 6 rows into 2 micro-batches each and returns another output than the plain module;
+    GPipe refuses the input before any partition runs."""
+    a, b = torch.randn(4, 3), torch.randn(6, 3)
+    plain = nn.Sequential(MeanOfSecond(), nn.Linear(3, 3))
+    theirs = torchgpipe.GPipe(copy.deepcopy(plain), [1, 1], devices=["cpu"] * 2, chunks=2)
+    ours = GPipe(copy.deepcopy(plain), [1, 1], devices=["cpu"] * 2, chunks=2)
+    assert not torch.allclose(theirs((a, b)), plain((a, b)))
+    with pytest.raises(ValueError, match=r"input tensors have different batch sizes \[4, 6\] \(dimension 0\); each "
+                                         r"micro-batch takes the same rows of every tensor, so give every input "
+                                         r"tensor the same batch size"):
+        ours((a, b))
+    first = ours[0]
+    assert isinstance(first, MeanOfSecond) and first.calls == 0
+    assert torch.equal(ours((a, b[:4])), theirs((a, b[:4])))

@@ -144,12 +144,16 @@ def test_an_in_place_first_layer_works_without_checkpointing() -> None:
 
 def test_in_place_changes_to_a_checkpointed_input_are_refused() -> None:
     torch.manual_seed(0)
-    in_place = GPipe(nn.Sequential(nn.Linear(8, 16), nn.ReLU(inplace=True), nn.Linear(16, 4)), [1, 2],
-                     devices=["cpu"] * 2, chunks=2, checkpoint="always")
-    with pytest.raises(RuntimeError, match=r"input 0 of partition 1 \(micro-batch 0\) was modified in place "
-                                           r"during its checkpointed forward") as caught:
-        in_place(torch.randn(4, 8))
-    assert getattr(caught.value, "swp_task") == "Forward1"
+    plain = nn.Sequential(nn.Linear(8, 16), nn.ReLU(inplace=True), nn.Linear(16, 4))
+    in_place = GPipe(copy.deepcopy(plain), [1, 2], devices=["cpu"] * 2, chunks=2, checkpoint="always")
+    x = torch.randn(4, 8)
+    output = in_place(x)  # the forward runs (its output is right), as torchgpipe's does
+    torch.testing.assert_close(output, plain(x))
+    with pytest.raises(RuntimeError, match=r"a leaf Variable that requires grad is being used in an in-place "
+                                           r"operation: input 0 of partition 1 \(micro-batch 1\) was modified in "
+                                           r"place during its checkpointed forward") as caught:
+        output.sum().backward()
+    assert getattr(caught.value, "swp_task") == "Recompute1"
 
     model = GPipe(nn.Sequential(nn.Linear(8, 16), nn.ReLU()), [1, 1], devices=["cpu"] * 2, chunks=2,
                   checkpoint="always")

@@ -180,7 +180,7 @@ def test_forward_refusals() -> None:
         gpipe([torch.randn(4, 6)])
     with pytest.raises(ValueError, match="input\\[0\\] is a 0-dim tensor"):
         gpipe(torch.tensor(1.0))
-    with pytest.raises(ValueError, match=r"batch sizes \[4, 1\] split into different numbers of micro-batches"):
+    with pytest.raises(ValueError, match=r"input tensors have different batch sizes \[4, 1\] \(dimension 0\)"):
         gpipe((torch.randn(4, 6), torch.randn(1, 6)))
     with pytest.raises(ValueError, match="chunks=0"):
         gpipe.format_schedule(0)

@@ -13,10 +13,12 @@ import subprocess
 import sys
 import textwrap
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 import pytest
+import torch
 
 from engine_helpers import ExecLog, MakePipe, check_dependencies, drive, make_plan, swp_threads, wait_until
 from swpipeline import DependencyTimeoutError, IterContext, PipelinePlan, ProgressTimeoutError, SWPipeline
@@ -279,3 +281,153 @@ def test_context_fields_read_only_outside_the_engine_too() -> None:
     del ctx.y
     with pytest.raises(AttributeError, match="has no attribute 'iter'.*did you mean 'iter_idx'"):
         ctx.iter  # noqa: B018
+
+
+# -- one join budget on every path ---------------------------------------------------------------------
+
+
+class Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("path", ["progress-loop", "run", "with-block"])
+def test_a_stuck_worker_is_joined_once_on_every_path(make_pipe: MakePipe, monkeypatch: pytest.MonkeyPatch,
+                                                    path: str) -> None:
+    # Load(1) never returns (until released); Train(0) fails once Load(1) is stuck. Stopping the failed run
+    # joins the stuck worker against join_timeout; the handler of run() (and a with block) that abandons
+    # the run afterwards must not join it again with a fresh budget.
+    release, stuck = threading.Event(), threading.Event()
+
+    def load(ctx: IterContext) -> None:
+        if ctx.iter_idx == 1:
+            stuck.set()
+            release.wait(30)
+
+    def train(ctx: IterContext) -> None:
+        assert stuck.wait(10)
+        raise Boom("train 0")
+
+    joins: List[Any] = []
+    real_join = Worker.join
+
+    def join(self: Worker, timeout: float) -> None:
+        joins.append((self.group, timeout))
+        if self.group != "io":  # the stuck one: as if it had waited the whole budget in vain
+            real_join(self, timeout)
+
+    monkeypatch.setattr(Worker, "join", join)
+    pipe = make_pipe(two_group_plan(ExecLog(), {"Load": load, "Train": train}), device="cpu", join_timeout=2.0,
+                     caller_thread_group=None)
+    try:
+        with pytest.raises(Boom):
+            if path == "run":
+                pipe.run(range(6))
+            elif path == "with-block":
+                with pipe:
+                    drive(pipe, range(6))
+            else:
+                drive(pipe, range(6))
+        budgets = [timeout for group, timeout in joins if group == "io"]
+        assert len(budgets) == 1 and 0 < budgets[0] <= 2.0  # one budget, used once
+        assert swp_threads() == ["swp-io"]
+    finally:
+        release.set()
+        monkeypatch.undo()
+    assert wait_until(lambda: swp_threads() == [], timeout=10)
+    pipe.drain()
+
+
+# -- a failure leaves no reference cycle ------------------------------------------------------------------
+
+
+class Batches:
+    """A data iterator of a caller, holding a payload of its own."""
+
+    def __init__(self, n: int) -> None:
+        self.payload = torch.zeros(256)
+        self.items = iter(range(n))
+
+    def __iter__(self) -> "Batches":
+        return self
+
+    def __next__(self) -> int:
+        return next(self.items)
+
+
+@pytest.mark.parametrize("path", ["run", "progress-loop", "advance-false"])
+def test_a_failed_run_frees_the_callers_objects_as_soon_as_the_exception_is_dropped(make_pipe: MakePipe,
+                                                                                   path: str) -> None:
+    # With the garbage collector off, only reference counts free things: a reference cycle through the
+    # raised exception (its traceback holds the frame that raised it) would keep the caller's frame alive.
+    def fail(ctx: IterContext) -> None:
+        if ctx.iter_idx == 3:
+            raise Boom("train 3")
+
+    pipe = make_pipe(two_group_plan(ExecLog(), {"Train": fail}), device="cpu")
+    refs: List[Any] = []
+
+    def train() -> None:
+        big = torch.zeros(1 << 16)  # a local of the caller's frame
+        data = Batches(10)
+        refs.extend([weakref.ref(big), weakref.ref(data), weakref.ref(data.payload)])
+        if path == "run":
+            pipe.run(data)
+            return
+        it = pipe.fill_pipeline(data)
+        while True:
+            pipe.progress(it, advance=path != "advance-false")
+            if path == "advance-false":
+                pipe.advance()
+
+    gc.collect()
+    gc.disable()
+    try:
+        caught: List[str] = []
+        try:
+            train()
+        except Boom as exc:
+            caught.append(str(exc))
+        assert caught == ["train 3"]
+        assert [ref() for ref in refs] == [None, None, None]
+    finally:
+        gc.enable()
+    assert swp_threads() == []
+    pipe.drain()
+
+
+@pytest.mark.parametrize("path", ["run", "progress-loop"])
+def test_a_failed_runs_data_loader_workers_end_when_the_exception_is_dropped(make_pipe: MakePipe,
+                                                                            path: str) -> None:
+    from torch.utils.data import DataLoader
+
+    def fail(ctx: IterContext) -> None:
+        if ctx.iter_idx == 2:
+            raise Boom("train 2")
+
+    pipe = make_pipe(two_group_plan(ExecLog(), {"Train": fail}), device="cpu")
+    processes: List[Any] = []
+
+    def train() -> None:
+        loader = iter(DataLoader(list(range(32)), batch_size=2, num_workers=2))  # type: ignore[arg-type]
+        processes.extend(loader._workers)  # type: ignore[attr-defined]
+        if path == "run":
+            pipe.run(loader)
+        else:
+            it = pipe.fill_pipeline(loader)
+            while True:
+                pipe.progress(it)
+
+    gc.collect()
+    gc.disable()
+    try:
+        caught: List[str] = []
+        try:
+            train()
+        except Boom as exc:
+            caught.append(str(exc))
+        assert caught == ["train 2"]
+        # the loader's iterator was freed with the exception, which shut its worker processes down
+        assert len(processes) == 2 and not any(p.is_alive() for p in processes)
+    finally:
+        gc.enable()
+    pipe.drain()

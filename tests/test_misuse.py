@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List
 import pytest
 
 from engine_helpers import ExecLog, MakePipe, make_plan, progress_until_stop, swp_threads, wait_until
-from swpipeline import IterContext, PipelinePlan, SWPipeline
+from swpipeline import DataFlowPipeline, IterContext, PipelinePlan, SWPipeline
 
 def plan_with(log: ExecLog, work: Dict[str, Callable[[IterContext], None]]) -> PipelinePlan:
     return make_plan(log, {"Load": (0, "copy", "io"), "Train": (1, None, "compute")},
@@ -132,3 +132,122 @@ def test_progress_none_then_data_resumes_while_iterations_are_in_flight(make_pip
     assert pipe.progress(None) == 0
     assert progress_until_stop(pipe, data) == list(range(1, 10))
     assert trained(log) == list(range(10))
+
+
+# -- progress(None) and what progress() is given ----------------------------------------------------
+
+
+def test_progress_none_for_every_iteration_in_flight_then_data_resumes(make_pipe: MakePipe) -> None:
+    # Retiring everything in flight with progress(None) does not end the data: the next progress(data)
+    # fills the pipeline again from the same iterator, and the iteration numbers go on.
+    log = ExecLog()
+    pipe = make_pipe(plan_with(log, {}), device="cpu", progress_timeout=10, signal_timeout=10)
+    data = iter(range(10))
+    pipe.fill_pipeline(data)
+    in_flight = len(pipe.contexts_in_flight())
+    assert [pipe.progress(None) for _ in range(in_flight)] == list(range(in_flight))
+    assert progress_until_stop(pipe, data) == list(range(in_flight, 10))
+    assert trained(log) == list(range(10))
+    assert swp_threads() == []
+
+
+def test_progress_with_a_list_instead_of_an_iterator_is_refused_before_anything_is_retired(
+        make_pipe: MakePipe) -> None:
+    log = ExecLog()
+    pipe = make_pipe(plan_with(log, {}), device="cpu", progress_timeout=10, signal_timeout=10)
+    batches = list(range(6))
+    it = pipe.fill_pipeline(batches)
+    for bad in (batches, range(6), "abc"):
+        with pytest.raises(TypeError, match=r"progress\(\): data_iter must be an iterator \(the one "
+                                            r"fill_pipeline\(\) returned\) or None, got a " + type(bad).__name__):
+            pipe.progress(bad)  # type: ignore[arg-type]
+    assert pipe.last_context is None  # nothing was retired, and the run goes on
+    assert progress_until_stop(pipe, it) == list(range(6))
+    assert trained(log) == list(range(6))
+    assert swp_threads() == []
+
+
+@pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning")
+@pytest.mark.parametrize("spec", [
+    {"Load": (0, "lane", "io"), "Train": (1, "lane", "compute")},  # two thread groups take turns on one stream
+    {"Load": (0, "copy", "g"), "Train": (1, None, "g")},  # Train(i) sits behind Load(i + 1) in the group's order
+], ids=["shared-stream", "one-group"])
+@pytest.mark.parametrize("how", ["progress-none", "drain"])
+def test_the_data_flow_engine_finishes_what_is_in_flight_without_new_batches(spec: Dict[str, Any],
+                                                                            how: str) -> None:
+    log = ExecLog()
+    pipe = DataFlowPipeline(make_plan(log, spec, intra=[("Train", "Load")]), max_depth=2, device="cpu",
+                            progress_timeout=5, signal_timeout=5)
+    data = iter(range(10))
+    pipe.fill_pipeline(data)
+    assert pipe.progress(data) == 0
+    if how == "drain":
+        pipe.drain()
+        assert trained(log) == [0, 1, 2]
+    else:
+        assert [pipe.progress(None), pipe.progress(None)] == [1, 2]
+        assert progress_until_stop(pipe, data) == list(range(3, 10))  # and fetching resumes afterwards
+        assert trained(log) == list(range(10))
+    assert swp_threads() == []
+
+
+# -- threads are told apart by object, never by ident -------------------------------------------------
+
+
+def on_new_thread(call: Callable[[], Any]) -> List[Any]:
+    """Run ``call`` on a fresh thread; returns [result] or [exception]."""
+    out: List[Any] = []
+
+    def target() -> None:
+        try:
+            out.append(call())
+        except BaseException as exc:  # handed to the test
+            out.append(exc)
+
+    thread = threading.Thread(target=target, name="newcomer")
+    thread.start()
+    thread.join(30)
+    return out
+
+
+def test_a_new_thread_may_drive_a_pipeline_whose_run_has_finished(make_pipe: MakePipe) -> None:
+    # New threads reuse the idents of the dead workers of the run before: they are not those workers.
+    pipe = make_pipe(plan_with(ExecLog(), {}), device="cpu")
+    for _ in range(3):
+        assert progress_until_stop(pipe, pipe.fill_pipeline(range(4))) == [0, 1, 2, 3]  # no drain()
+        result = on_new_thread(lambda: progress_until_stop(pipe, pipe.fill_pipeline(range(2))))
+        assert result == [[0, 1]]
+    assert swp_threads() == []
+
+
+@pytest.mark.parametrize("call", ["drain", "abandon"])
+def test_a_new_thread_may_clean_up_after_a_failed_run(make_pipe: MakePipe, call: str) -> None:
+    class Boom(Exception):
+        pass
+
+    def fail(ctx: IterContext) -> None:
+        if ctx.iter_idx == 2:
+            raise Boom
+
+    pipe = make_pipe(plan_with(ExecLog(), {"Train": fail}), device="cpu")
+    for _ in range(3):
+        with pytest.raises(Boom):
+            progress_until_stop(pipe, pipe.fill_pipeline(range(6)))
+        assert on_new_thread(getattr(pipe, call)) == [None]
+    assert swp_threads() == []
+
+
+def test_another_threads_call_while_run_is_inside_a_task_on_the_callers_thread_names_both_threads() -> None:
+    refusals: List[Any] = []
+
+    def train(ctx: IterContext) -> None:
+        if ctx.iter_idx == 1:
+            refusals.extend(on_new_thread(pipe.abandon))
+
+    pipe = SWPipeline(plan_with(ExecLog(), {"Train": train}), device="cpu")  # run(): Train on this thread
+    pipe.run(range(4))
+    assert len(refusals) == 1 and isinstance(refusals[0], RuntimeError)
+    assert str(refusals[0]).startswith(
+        f"abandon() called from thread 'newcomer' while thread {threading.current_thread().name!r} is in run(), "
+        f"inside task 'Train' (iteration 1); a pipeline is driven by one thread at a time")
+    assert swp_threads() == []

@@ -86,14 +86,15 @@ def test_declared_io_rejects_non_callables(capture: object, restore: object) -> 
 # -- PipelineTask ------------------------------------------------------------------------------
 
 
-def test_pipeline_task_equality_and_hash_are_by_name() -> None:
+def test_pipeline_task_hash_is_by_name_and_equality_by_name_and_function() -> None:
     a1 = PipelineTask("A", fn_a)
-    a2 = PipelineTask("A", fn_b)  # same name, different function
+    a2 = PipelineTask("A", fn_b)  # same name, different function: a different task
     b = PipelineTask("B", fn_a)  # same function, different name
-    assert a1 == a2
-    assert hash(a1) == hash(a2)
+    assert a1 == PipelineTask("A", fn_a)  # the same task declared twice
+    assert a1 != a2
+    assert hash(a1) == hash(a2) == hash("A")
     assert a1 != b
-    assert len({a1, a2, b}) == 2
+    assert len({a1, a2, b, PipelineTask("A", fn_a)}) == 3
     assert a1 != "A"  # a name string is not a task
     assert repr(a1) == "PipelineTask('A')"
 
@@ -101,8 +102,8 @@ def test_pipeline_task_equality_and_hash_are_by_name() -> None:
 def test_pipeline_task_is_a_usable_dict_key() -> None:
     a = PipelineTask("A", fn_a)
     d = {a: TaskSchedule(stage=1)}
-    assert d[PipelineTask("A", fn_b)].stage == 1
-    assert PipelineTask("B", fn_a) not in d
+    assert d[PipelineTask("A", fn_a)].stage == 1  # the same task, declared again
+    assert PipelineTask("B", fn_a) not in d and PipelineTask("A", fn_b) not in d
 
 
 def test_pipeline_task_defaults_and_io() -> None:
@@ -279,20 +280,18 @@ def test_duplicate_name_from_a_string_key_and_a_task_key() -> None:
 
 
 def test_duplicate_name_from_two_task_objects_in_pairs() -> None:
-    with pytest.raises(ValueError, match=r"schedule: duplicate task name 'A'"):
+    with pytest.raises(ValueError, match=r"schedule: two different tasks are named 'A'"):
         PipelinePlan([(PipelineTask("A", fn_a), S0), (PipelineTask("A", fn_b), S1)])
 
 
 def test_two_different_tasks_with_one_name_in_the_dict_form_are_refused() -> None:
-    # Python merges the two keys before the plan sees the dict: A's first object with the second's schedule.
     schedule = {PipelineTask("A", fn_a): S0, PipelineTask("A", fn_b): S1}
-    assert len(schedule) == 1
+    assert len(schedule) == 2  # one name, but different tasks: the dict keeps both
     with pytest.raises(ValueError) as refused:
         PipelinePlan(schedule)
     assert str(refused.value) == (
-        "schedule: two different tasks are named 'A' (functions fn_a and fn_b); tasks compare by name, so as "
-        "keys of one dict they count as one, and the dict kept one task with the other's schedule. Give each "
-        "task its own name")
+        "schedule: two different tasks are named 'A' (functions fn_a and fn_b); every task needs its own name: "
+        "rename one of them")
 
 
 def test_one_task_or_an_identical_twin_twice_in_the_dict_form_is_one_task() -> None:
@@ -597,3 +596,29 @@ def test_requires_python_matches_what_the_code_uses() -> None:
 
     project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
     assert project["requires-python"] == ">=3.11"  # the error path uses BaseException.add_note (3.11)
+
+
+def test_comparing_namesakes_leaves_both_tasks_usable_in_later_plans() -> None:
+    # Comparing two tasks, looking one up in a set or dict, or a plan refused for a duplicate: none of it may
+    # mark a task for good (each later plan holding one of them is a plan of its own).
+    a1, a2, b = PipelineTask("A", fn_a), PipelineTask("A", fn_b), PipelineTask("B", fn_b)
+    assert a1 != a2 and not (a1 == a2) and hash(a1) == hash(a2)  # one name, two different tasks
+    assert a1 == PipelineTask("A", fn_a)  # the same task declared twice (same function and io) is one task
+    assert a2 not in {a1} and {a1: S0}.get(a2) is None and [a1].count(a2) == 0
+    assert PipelinePlan({a1: S0, b: S1}).tasks == [a1, b]
+    assert PipelinePlan({a2: S0, b: S1}).tasks == [a2, b]
+    with pytest.raises(ValueError, match=r"schedule: two different tasks are named 'A'"):
+        PipelinePlan([(a1, S0), (a2, S1)])
+    assert PipelinePlan({a1: S0}).tasks == [a1] and PipelinePlan({a2: S0}).tasks == [a2]
+
+
+def test_two_namesakes_in_a_dict_are_refused_however_the_dict_was_built() -> None:
+    a1, a2 = PipelineTask("A", fn_a), PipelineTask("A", fn_b)
+    updated: Dict[Any, TaskSchedule] = {a1: S0}
+    updated[a2] = S1
+    for schedule in ({a1: S0, a2: S1}, updated, dict([(a1, S0), (a2, S1)]), {t: S0 for t in (a1, a2)}):
+        assert len(schedule) == 2  # the dict keeps both: they are different tasks
+        with pytest.raises(ValueError, match=r"two different tasks are named 'A' \(functions fn_a and fn_b\)"):
+            PipelinePlan(schedule)
+    renamed = PipelineTask("A2", fn_b)
+    assert PipelinePlan({a1: S0, renamed: S1}).task_names == ["A", "A2"]

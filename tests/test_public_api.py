@@ -15,11 +15,11 @@ import pytest
 import swpipeline
 
 EXPORTED = {
-    "CPUDevice", "DataFlowPipeline", "DeclaredIO", "DependencyTimeoutError", "Device", "IterContext", "PipelinePlan", "PipelineTask",
+    "CPUDevice", "DataFlowPipeline", "DeclaredIO", "DependencyTimeoutError", "Device", "FreedAttributeError", "IterContext", "PipelinePlan", "PipelineTask",
     "PipelineTimeoutError", "ProfileResult", "ProgressTimeoutError", "SWPipeline", "SequencerTimeoutError", "SharedStreamWarning", "SimulatedDevice",
     "TaskProfiler", "TaskSchedule", "TorchDevice",
     "DependencyWait", "RunStats", "TaskRecord", "TaskStats", "Timeline",
-    "PlanAnalysis", "RaceChecker", "RaceError", "analyze", "infer_deps",
+    "PlanAnalysis", "RaceChecker", "RaceError", "analyze", "infer_deps", "task_generator",
     "EngineOverheads", "PathStep", "PlanSearch", "SimResult", "SimUnit", "TaskCost", "TaskCosts", "autoplan",
     "calibrate", "search_plan", "simulate",
 }

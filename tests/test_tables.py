@@ -184,24 +184,56 @@ def test_format_period_table_directly() -> None:
 
 # -- print_stage_analysis ---------------------------------------------------------------------------
 
+# The specification's printed example, whitespace collapsed as it was extracted ("..." elides rows).
+SPEC_STAGE_ANALYSIS = """\
+Task schedule (topological order):
+Pos Task Idx Stage Type
+--------------------------------------------------
+0 CopyBatch 0 0 stream
+1 Forward 1 1 stream
+...
+LDS = 2 (example: (1, 0))
+Pipeline depth = 2
+\u2713 LDS == depth (Dilworth-optimal)"""
+
+LDS_LINE = ("  LDS: the longest chain of dependencies, consumer first, in which each task is at a later stage than the "
+            "task it needs (here {}); its tasks need one stage each, so the depth is at least the LDS")
+DILWORTH_LINE = ("  Dilworth-optimal: the depth equals the LDS, so every stage boundary separates a producer from a "
+                 "consumer that needs its result")
+
 COPY_FORWARD = "\n".join([
     "Task schedule (topological order):",
     "Pos  Task                 Idx  Stage  Type",
-    "--------------------------------------------",
+    "-" * 50,
     "0    CopyBatch            0    0      stream",
     "1    Forward              1    1      stream",
-    "LDS = 2 (example: (1, 0) = Forward <- CopyBatch)",
+    "LDS = 2 (example: (1, 0))",
     "Pipeline depth = 2",
     "\u2713 LDS == depth (Dilworth-optimal)",
+    LDS_LINE.format("Forward <- CopyBatch"),
+    DILWORTH_LINE,
 ])
 
 
-def test_stage_analysis_of_the_seed_copybatch_forward_example() -> None:
+def copy_forward_plan() -> PipelinePlan:
     copy, fwd = PipelineTask("CopyBatch", seed_plans.noop("c")), PipelineTask("Forward", seed_plans.noop("f"))
-    plan = PipelinePlan({copy: TaskSchedule(stage=0, stream="memcpy", thread_group="io"),
+    return PipelinePlan({copy: TaskSchedule(stage=0, stream="memcpy", thread_group="io"),
                          fwd: TaskSchedule(stage=1, thread_group="compute")},
                         intra_iter_deps=[(fwd, copy)], pipeline_depth=2)
-    assert pipe_of(plan).format_stage_analysis() == COPY_FORWARD
+
+
+def test_stage_analysis_matches_the_specification_token_by_token() -> None:
+    # every line the specification shows, in its order; the explanation of LDS and the verdict follows it
+    got = [line.split() for line in pipe_of(copy_forward_plan()).format_stage_analysis().splitlines()]
+    spec = [line.split() for line in SPEC_STAGE_ANALYSIS.splitlines()]
+    elided = spec.index(["..."])
+    assert got[:elided] == spec[:elided]
+    assert got[elided:elided + len(spec) - elided - 1] == spec[elided + 1:]
+    assert got[2] == ["-" * 50]
+
+
+def test_stage_analysis_of_the_seed_copybatch_forward_example() -> None:
+    assert pipe_of(copy_forward_plan()).format_stage_analysis() == COPY_FORWARD
 
 
 def test_stage_analysis_when_lds_is_shorter_than_depth() -> None:
@@ -209,13 +241,14 @@ def test_stage_analysis_when_lds_is_shorter_than_depth() -> None:
     assert pipe_of(plan).format_stage_analysis() == "\n".join([
         "Task schedule (topological order):",
         "Pos  Task                 Idx  Stage  Type",
-        "--------------------------------------------",
+        "-" * 50,
         "0    A                    1    0      stream",
         "1    B                    0    2      stream",
-        "LDS = 2 (example: (2, 0) = B <- A)",
+        "LDS = 2 (example: (2, 0))",
         "Pipeline depth = 3",
         "\u2717 LDS < depth: 1 stage(s) hold a batch in flight without separating a producer from its "
         "consumer; a depth of 2 gives the same dependency structure",
+        LDS_LINE.format("B <- A"),
     ])
 
 
@@ -223,10 +256,11 @@ def test_stage_analysis_without_dependencies_has_lds_1() -> None:
     plan = PipelinePlan({"Solo": TaskSchedule(stage=1)})
     assert pipe_of(plan).format_stage_analysis().split("\n")[3:] == [
         "0    Solo                 0    1      stream",
-        "LDS = 1 (example: (1,) = Solo)",
+        "LDS = 1 (example: (1,))",
         "Pipeline depth = 2",
         "\u2717 LDS < depth: 1 stage(s) hold a batch in flight without separating a producer from its "
         "consumer; a depth of 1 gives the same dependency structure",
+        LDS_LINE.format("Solo"),
     ]
 
 
@@ -235,7 +269,7 @@ def test_stage_analysis_of_fused_sparse_dist() -> None:
     assert pipe_of(seed_plans.fused_sparse_dist_000()).format_stage_analysis() == "\n".join([
         "Task schedule (topological order):",
         "Pos  Task                 Idx  Stage  Type",
-        "--------------------------------------------",
+        "-" * 50,
         "0    H2D                  1    0      stream",
         "1    InputDistStart       2    1      stream",
         "2    InputDistWait        4    1      stream",
@@ -245,18 +279,23 @@ def test_stage_analysis_of_fused_sparse_dist() -> None:
         "6    Forward              6    2      stream",
         "7    Backward             7    2      stream",
         "8    OptimizerStep        8    2      stream",
-        "LDS = 3 (example: (2, 1, 0) = EmbLookup <- InputDistWait <- H2D)",
+        "LDS = 3 (example: (2, 1, 0))",
         "Pipeline depth = 3",
         "\u2713 LDS == depth (Dilworth-optimal)",
+        LDS_LINE.format("EmbLookup <- InputDistWait <- H2D"),
+        DILWORTH_LINE,
     ])
 
 
-def test_stage_analysis_widens_the_task_column() -> None:
+def test_stage_analysis_widens_the_task_column_and_the_rule_for_long_names() -> None:
     plan = PipelinePlan({"AVeryLongTaskNameIndeed": TaskSchedule()})
     lines = pipe_of(plan).format_stage_analysis().split("\n")
     assert lines[1] == "Pos  Task                    Idx  Stage  Type"
-    assert lines[2] == "-" * 47
+    assert lines[2] == "-" * 50
     assert lines[3] == "0    AVeryLongTaskNameIndeed 0    0      stream"
+    longer = PipelinePlan({"A" * 40: TaskSchedule()})
+    lines = pipe_of(longer).format_stage_analysis().split("\n")
+    assert lines[2] == "-" * len(lines[3]) == "-" * 64
 
 
 def test_print_stage_analysis_prints_format_stage_analysis(capsys: pytest.CaptureFixture[str]) -> None:

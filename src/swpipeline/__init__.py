@@ -19,6 +19,7 @@ from .errors import ProgressTimeoutError as ProgressTimeoutError
 from .errors import SequencerTimeoutError as SequencerTimeoutError
 from .errors import SharedStreamWarning as SharedStreamWarning
 from .plan import DeclaredIO as DeclaredIO
+from .plan import FreedAttributeError as FreedAttributeError
 from .plan import IterContext as IterContext
 from .plan import PipelinePlan as PipelinePlan
 from .plan import PipelineTask as PipelineTask
@@ -41,6 +42,7 @@ from .stats import RunStats as RunStats
 from .stats import TaskStats as TaskStats
 from .records import DependencyWait as DependencyWait
 from .records import TaskRecord as TaskRecord
+from .rng import task_generator as task_generator
 from .timeline import Timeline as Timeline
 
 __version__ = "0.1.0"
@@ -62,12 +64,14 @@ __all__ = [
     "RaceError",
     "analyze",
     "infer_deps",
+    "task_generator",
     "CPUDevice",
     "DataFlowPipeline",
     "DeclaredIO",
     "DependencyTimeoutError",
     "DependencyWait",
     "Device",
+    "FreedAttributeError",
     "IterContext",
     "PipelinePlan",
     "PipelineTask",

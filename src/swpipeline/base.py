@@ -15,7 +15,20 @@ else is here or in the modules this one composes:
 
 Any exception that leaves a driving call while iterations are in flight ends the
 run: its iterations are abandoned (not drained) and its workers joined before the
-exception reaches the caller.
+exception reaches the caller. (Misuse refused at once, before anything is touched, is
+the exception: a second thread, ``progress()`` before ``advance()``, a data argument
+that is not an iterator.) The failure is raised without a reference cycle (``_fail``),
+so what the caller's frames hold is freed when the caller drops the exception.
+
+The step boundary. ``progress(it, advance=False)`` retires iteration k, then waits until
+every unit already handed out that can run without more being handed out has returned
+(``Policy.boundary``), and returns; nothing is handed out until ``advance()``. So in
+between no task runs: a unit not waited for waits, directly or through others, for a
+unit not handed out (the boundary is the fixpoint of "its dependencies, its thread
+group's earlier units and its turns are done or will be"), and only ``advance()`` hands
+out more. What has run is fixed by the plan and the iterations fetched, never by timing:
+on ``SWPipeline`` the units of the periods released so far; on ``DataFlowPipeline`` also
+the units of later iterations it ran ahead on (``dataflow.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +38,7 @@ import functools
 import math
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, List, NoReturn, Optional, Protocol, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, NoReturn, Optional, Protocol, Tuple, Union, cast
 
 import torch
 
@@ -33,8 +46,8 @@ from . import ordering, shutdown
 from .analysis.races import RaceChecker
 from .analysis.report import PlanAnalysis
 from .annotations import resolve_emit_nvtx
-from .device import DeviceSpec, resolve_device
-from .driving import DriverSeat, UnitOn, driving
+from .device import Device, DeviceSpec, resolve_device
+from .driving import DriverSeat, Occupancy, driving
 from .executor import AfterComplete, Launch, RunUnit, make_launches, make_unit_runner, traced
 from .lifetime import EarlyFree, attribute_uses
 from .modes import Modes, device_types
@@ -58,9 +71,32 @@ class Policy(Protocol):
     @property
     def after_complete(self) -> Optional[AfterComplete]: ...
 
-    def fill(self, data_iter: Iterator[Any]) -> None: ...
+    def fill(self, data_iter: Iterator[Any]) -> None:
+        """Fetch the first batches and hand out what they allow."""
 
-    def after_retire(self, oldest: int, data_iter: Optional[Iterator[Any]]) -> None: ...
+    def resume(self, data_iter: Iterator[Any]) -> None:
+        """Fetch and hand out as ``fill`` does, once ``progress(None)`` has retired every iteration in flight."""
+
+    def after_retire(self, oldest: int, data_iter: Optional[Iterator[Any]]) -> None:
+        """Iteration ``oldest`` retired: fetch the next batch from ``data_iter`` (None: none) and hand out."""
+
+    def caller_through(self) -> Optional[int]:
+        """The last (virtual) period whose units of the caller's thread group this ``progress()`` call runs
+        (None: all it was handed)."""
+
+    def boundary(self) -> Dict[int, int]:
+        """Per task index, the last iteration of it that runs before more is handed out (see the module
+        docstring; a task absent runs nothing more)."""
+
+
+def _data_source(data_iter: object) -> Iterator[Any]:
+    """``data_iter`` if it is an iterator; a TypeError otherwise (an iterable would start over on every call)."""
+    if not callable(getattr(type(data_iter), "__next__", None)):
+        raise TypeError(f"progress(): data_iter must be an iterator (the one fill_pipeline() returned) or None, "
+                        f"got a {type(data_iter).__name__}: an iterable that is not an iterator would give its "
+                        f"first batch again on every call; pass the iterator fill_pipeline(data) returned "
+                        f"(nothing was retired or fetched)")
+    return cast(Iterator[Any], data_iter)
 
 
 def _seconds(name: str, value: object) -> float:
@@ -94,6 +130,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
             raise TypeError(f"worker_init must be a callable taking the thread group name, got {worker_init!r}")
         self.plan = plan
         self.worker_init = worker_init
+        self._device_asked = device
         self.device = resolve_device(device)
         self._mode_types = device_types(self.device.device_type)  # whose autocast state to carry to workers
         self._event_slots = num_slots + 1  # see runtime.bind_run: inter consumers may lag one iteration
@@ -144,10 +181,6 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
         """Why no group may run on the caller's thread with this engine's settings (None: it may)."""
         return None
 
-    def _inline_through(self, run: Run) -> Optional[int]:
-        """The last (virtual) period whose units of the caller's group a ``progress()`` call runs (None: all)."""
-        return None
-
     def _start_run(self, data_iter: Iterator[Any], inline_group: Optional[str]) -> None:
         self._stragglers.check(self.join_timeout)
         default = run_default_stream(self.device, self._tasks)
@@ -172,6 +205,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
             run_units = (executor(plain, self.signal_timeout), executor(annotated, self.signal_timeout))
             inline_units = (executor(plain, run.inline_timeout), executor(annotated, run.inline_timeout))
             run.policy = policy
+            run.data_source = data_iter
             torch_threads, device, worker_init = torch.get_num_threads(), self.device, self.worker_init
 
             def enter(group: str) -> Callable[[], None]:  # must not hold the pipeline (see shutdown.py)
@@ -193,13 +227,18 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
         self._stragglers.adopt(run, stragglers)
 
     def _fail(self, run: Run, exc: BaseException) -> NoReturn:
-        """End the run as failed (its threads joined) and raise ``exc`` in the caller."""
+        """End the run as failed (its threads joined) and raise ``exc`` in the caller.
+
+        This frame is on the raised exception's traceback: it must not keep the exception as a
+        local, or the two would form a reference cycle holding every frame of the traceback (the
+        caller's locals among them) until a garbage collection.
+        """
         run.record_failure(exc)
-        self._end(run, FAILED)
         try:
+            self._end(run, FAILED)
             raise exc
         finally:
-            run.forget_error()
+            del exc
 
     def _discard_run(self) -> None:
         """Forget the (stopped) run: the pipeline is idle again."""
@@ -209,10 +248,9 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
         run = self._run
         return run if run is not None and run.active else None
 
-    def _unit_on(self) -> Optional[UnitOn]:
-        """How to find the unit a worker of the current run runs on a thread (see driving.py)."""
-        run = self._run
-        return run.task_running_on if run is not None else None
+    def _occupancy(self) -> Optional[Occupancy]:
+        """What the current run (the last one, if it ended) runs on which thread (see driving.py)."""
+        return self._run
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -247,13 +285,19 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
 
         Args:
             data_iter: where the next batch comes from; ``None`` retires without fetching.
-            advance: False retires only: nothing new starts until ``advance()`` is called,
-                so the caller may touch the model in between (TorchRec's step boundary).
+            advance: False: retire, then wait until every unit already handed out that can run has
+                returned; no task runs until ``advance()`` is called, so the caller may touch the
+                model in between (TorchRec's step boundary). What has run by then is fixed by the
+                plan: on ``SWPipeline`` the units of the periods released so far; on
+                ``DataFlowPipeline`` also those of later iterations that it ran ahead on.
 
         Raises:
             StopIteration: no iteration is left in flight (the worker threads are then joined).
+                After ``progress(None)`` retired every iteration in flight, ``progress(data_iter)``
+                fills the pipeline again from it instead (the iteration numbers go on).
+            TypeError: ``data_iter`` is not an iterator (nothing is retired or fetched).
             RuntimeError: progress() before fill_pipeline(), after a failure, or with data after
-                progress(None) retired the last iteration in flight.
+                a ``progress(None)`` that raised StopIteration.
             ProgressTimeoutError: the oldest iteration did not complete in ``progress_timeout``.
             Exception: whatever a task or the data iterator raised, annotated with the task and
                 iteration. Any exception ends the run: the iterations in flight are abandoned.
@@ -262,25 +306,41 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
 
     def _progress(self, data_iter: Optional[Iterator[Any]], advance: bool = True) -> int:
         run = self._running(data_iter)
+        if data_iter is not run.data_source and data_iter is not None:
+            run.data_source = _data_source(data_iter)
         if run.deferred is not None:
             raise RuntimeError("progress() while the last progress(advance=False) has not been followed by "
                                "advance(); call advance() first")
         if run.next_retire >= run.num_created:  # nothing in flight
-            run.emptied = not run.exhausted
-            self._end(run, FINISHED)
-            raise StopIteration
+            self._resume_or_finish(run, data_iter)
         try:
             if run.inline is not None:
-                run.inline.run_queued(self._inline_through(run))
+                run.inline.run_queued(run.policy.caller_through())
             oldest = run.retire_oldest()
             if advance:
                 run.modes = Modes.capture(self._mode_types)
                 run.policy.after_retire(oldest, data_iter)
             else:
                 run.deferred = (oldest, data_iter)
+                run.settle(run.policy.boundary())
             return oldest
         except BaseException as exc:
             self._fail(run, exc)
+
+    def _resume_or_finish(self, run: Run, data_iter: Optional[Iterator[Any]]) -> None:
+        """Nothing is in flight: fill again from ``data_iter`` if ``progress(None)`` emptied the pipeline
+        before the data ended; else end the run (StopIteration)."""
+        if data_iter is not None and not run.exhausted:
+            try:
+                run.modes = Modes.capture(self._mode_types)
+                run.policy.resume(data_iter)
+            except BaseException as exc:
+                self._fail(run, exc)
+            if run.next_retire < run.num_created:
+                return
+        run.emptied = not run.exhausted
+        self._end(run, FINISHED)
+        raise StopIteration
 
     def _running(self, data_iter: Optional[Iterator[Any]]) -> Run:
         run = self._run
@@ -337,13 +397,15 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
     def drain(self) -> None:
         """Retire every in-flight iteration, stop and join the workers, and reset for a new fill.
 
-        Shortcut settings and caches are kept. After a failure it only cleans up.
+        Shortcut settings and caches are kept. After a failure it only cleans up; with nothing
+        pipelined (after serial iterations) it synchronizes the device.
         """
         self._drain()
 
     def _drain(self) -> None:
         run = self._run
-        if run is None:
+        if run is None:  # nothing pipelined (serial iterations at most): just a device synchronize
+            self.device.synchronize()
             return
         try:
             self._advance(fetch=False)
@@ -425,6 +487,15 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
         """The most IterContexts alive at once during the current (or last) fill."""
         run = self._run
         return run.peak_live_contexts if run is not None else self._peak_live_contexts
+
+    def _device_text(self) -> str:
+        """The device for ``repr``: what was asked for, and what is used when that differs (``0 (cpu)``)."""
+        asked, used = self._device_asked, str(self.device)
+        if asked is None or isinstance(asked, Device):
+            return used
+        same = (getattr(self.device, "index", None) == asked and used != "cpu" if isinstance(asked, int)
+                else str(asked) == used)
+        return str(asked) if same else f"{asked} ({used})"
 
     def __enter__(self) -> "_PipelineBase":
         return self

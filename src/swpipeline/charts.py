@@ -12,6 +12,7 @@ swpipeline[plot]``). Iteration ``i`` has the same colour in both pictures::
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
@@ -68,17 +69,19 @@ def legend_entries(iterations: Sequence[int]) -> List[Tuple[int, str]]:
 
 
 def _save(figure: Any, canvas_type: Any, path: "PathLike") -> None:
+    """Write the picture at exactly ``path``: a PNG, or the format its suffix names (``.svg``, ``.pdf``)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     canvas_type(figure)
-    figure.savefig(target, dpi=_DPI)
+    figure.savefig(target, dpi=_DPI, format=None if target.suffix else "png")  # no suffix: not renamed to .png
 
 
 # -- the Gantt chart -------------------------------------------------------------------------------
 
 
 def _window(timeline: "Timeline", iterations: Optional[Tuple[int, int]]) -> Tuple[float, float]:
-    """The time span (seconds) from the first start to the last end of the chosen iterations."""
+    """The time span (seconds) to draw: from the start of the run (0) to the end of the chosen iterations, or,
+    for a window of later iterations, from their first start."""
     chosen = timeline.records
     if iterations is not None:
         first, last = iterations
@@ -90,7 +93,10 @@ def _window(timeline: "Timeline", iterations: Optional[Tuple[int, int]]) -> Tupl
                              f"(the timeline has iterations 0..{timeline.num_iterations - 1})")
     if not chosen:
         return 0.0, max(timeline.wall, 1e-6)
-    return min(min(r.ready, r.cpu_start) for r in chosen), max(r.cpu_end for r in chosen)
+    end = max(r.cpu_end for r in chosen)
+    if iterations is None or iterations[0] <= min(r.iteration for r in timeline.records):
+        return 0.0, end  # the run's first iteration: the axis starts where the run did
+    return min(min(r.ready, r.cpu_start) for r in chosen), end
 
 
 def _bar_label(task: str, iteration: int, room_chars: float) -> Optional[str]:
@@ -107,17 +113,25 @@ def save_gantt(timeline: "Timeline", path: "PathLike", *, iterations: Optional[T
     """Draw ``timeline`` as a Gantt chart PNG: one row per thread group and per stream.
 
     Task spans are coloured by iteration and labelled (abbreviated task name and
-    iteration) where they are wide enough; dependency waits are hatched. With
-    ``iterations=(first, last)`` the chart shows the time from the first start to
-    the last end of those iterations, and everything that ran meanwhile.
+    iteration) where they are wide enough; dependency waits are hatched. The time axis
+    starts at 0, the start of the run; with ``iterations=(first, last)`` it ends with the
+    last of those iterations, and a window of later iterations starts at their first start.
     """
+    _, canvas_type, _ = _matplotlib()
+    _save(gantt_figure(timeline, iterations=iterations, title=title), canvas_type, path)
+
+
+def gantt_figure(timeline: "Timeline", *, iterations: Optional[Tuple[int, int]] = None,
+                 title: Optional[str] = None) -> Any:
+    """The matplotlib Figure ``save_gantt`` writes (laid out, on an Agg canvas)."""
     figure_type, canvas_type, colormaps = _matplotlib()
     lo, hi = _window(timeline, iterations)
     span = max(hi - lo, 1e-9)
     visible = [r for r in timeline.records if r.cpu_end >= lo and min(r.ready, r.cpu_start) <= hi]
     lanes = [("thread", g) for g in timeline.thread_groups] + [("stream", s) for s in timeline.streams]
     width_in = 13.0
-    figure = figure_type(figsize=(width_in, 1.3 + 0.42 * len(lanes)), layout="constrained")
+    figure = figure_type(figsize=(width_in, 1.3 + 0.42 * len(lanes)), dpi=_DPI, layout="constrained")
+    canvas_type(figure)
     ax = figure.add_subplot()
     chars_per_ms = width_in * 0.8 * 72 / 4.0 / (span * 1e3)  # ~4 points per character at font size 7
     for row, (kind, lane) in enumerate(lanes):
@@ -132,11 +146,10 @@ def save_gantt(timeline: "Timeline", path: "PathLike", *, iterations: Optional[T
     ax.set_axisbelow(True)
     if len(timeline.thread_groups) and len(timeline.streams):
         ax.axhline(len(timeline.thread_groups) - 0.5, color="0.5", linewidth=0.8)
-    shown = sorted({r.iteration for r in visible})
-    _legend(ax, shown, colormaps, timeline.has_device_times)
     what = f"iterations {iterations[0]}-{iterations[1]}" if iterations else f"{timeline.num_iterations} iterations"
     ax.set_title(title or f"{timeline.engine} on {timeline.device}: {what}", loc="left")
-    _save(figure, canvas_type, path)
+    _legend(figure, ax, sorted({r.iteration for r in visible}), colormaps, timeline.has_device_times)
+    return figure
 
 
 def _draw_lane(ax: Any, row: int, kind: str, records: Sequence["TaskRecord"], chars_per_ms: float,
@@ -159,7 +172,8 @@ def _draw_lane(ax: Any, row: int, kind: str, records: Sequence["TaskRecord"], ch
             ax.text(start * 1e3 + width_ms / 2, row, label, ha="center", va="center", fontsize=7, clip_on=True)
 
 
-def _legend(ax: Any, iterations: Sequence[int], colormaps: Any, device_times: bool) -> None:
+def _legend(figure: Any, ax: Any, iterations: Sequence[int], colormaps: Any, device_times: bool) -> None:
+    """The legend right of the plot, in as many columns as it takes to stay within the plot's height."""
     from matplotlib.patches import Patch
 
     handles = []
@@ -167,8 +181,18 @@ def _legend(ax: Any, iterations: Sequence[int], colormaps: Any, device_times: bo
         color, hatch = _iteration_fill(colormaps, i)
         handles.append(Patch(facecolor=color, hatch=hatch, edgecolor="black", linewidth=0.4, label=label))
     handles.append(Patch(facecolor="white", edgecolor="0.3", hatch=_WAIT_HATCH, label="dependency wait"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, ncols=1 + len(handles) // 24,
-              title="device times on streams" if device_times else None, title_fontsize=7, frameon=False)
+    figure.canvas.draw()  # lay out the plot alone, to see how many entries one column can hold
+    row_px = 7 * 1.6 * figure.dpi / 72  # an entry at font size 7 and its spacing
+    fit = max(1, int(ax.get_window_extent().height / row_px) - (1 if device_times else 0))
+    for columns in range(-(-len(handles) // fit), len(handles) + 1):
+        legend = ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, ncols=columns,
+                           title="device times on streams" if device_times else None, title_fontsize=7,
+                           frameon=False)
+        with warnings.catch_warnings():  # a layout tried on the way may not fit; the one kept does
+            warnings.simplefilter("ignore", UserWarning)
+            figure.canvas.draw()
+        if legend.get_window_extent().height <= ax.get_window_extent().height + 1:
+            return
 
 
 # -- the period table ------------------------------------------------------------------------------
@@ -189,8 +213,8 @@ def save_period_table(rows: Sequence["ScheduleRow"], path: "PathLike", *, title:
     for w in text_widths + [cell_width] * num_periods:
         lefts.append(lefts[-1] + w)
     total = lefts[-1]
-    figure = figure_type(figsize=(0.085 * total + 0.4, 0.3 * (len(rows) + 1) + (0.5 if title else 0.2)),
-                         layout="constrained")
+    width_in = max(0.085 * total + 0.4, 0.075 * len(title or "") + 0.4)  # the title fits too (font size 10)
+    figure = figure_type(figsize=(width_in, 0.3 * (len(rows) + 1) + (0.5 if title else 0.2)), layout="constrained")
     ax = figure.add_subplot()
     ax.set_xlim(0, total)
     ax.set_ylim(len(rows) + 1, 0)

@@ -23,6 +23,15 @@ stage rules), each worker's queue is FIFO in that order, and the turns (the sequ
 of globally ordered tasks, each stream shared by thread groups) follow it too; so the
 earliest unfinished unit never waits. ``Schedule.check`` runs the schedule on paper at
 construction as well.
+
+The step boundary (``progress(advance=False)``): every unit of the periods released so
+far can finish without anything more being released, by the same argument restricted to
+those periods (a unit waits only on earlier units, all released, and its turn was
+numbered when its period was); so the boundary waits for all of them, and once they are
+done no worker has anything left to start until ``advance()`` releases the next period.
+
+After ``progress(None)`` retired every iteration in flight, ``progress(data)`` resumes:
+``depth`` periods are released from the current one, fetching as the fill does.
 """
 
 from __future__ import annotations
@@ -74,10 +83,14 @@ class _Clock:
         # last stage, and yielding first would put the workers' units in front of them.
         self.yield_after_hand_out = run.inline is None and sum(isinstance(w, Worker)
                                                               for w in run.workers.values()) > 1
-        depth = self.schedule.depth
-        while self.period < depth and not self.run.exhausted:
+        self.resume(data_iter)
+
+    def resume(self, data_iter: Iterator[Any]) -> None:
+        """Release ``depth`` periods from the current one, fetching a batch in each (as the fill does)."""
+        first, depth = self.period, self.schedule.depth
+        while self.period < first + depth and not self.run.exhausted:
             self._release(data_iter)
-        self._release_through(depth - 1)
+        self._release_through(first + depth - 1)
 
     def after_retire(self, oldest: int, data_iter: Optional[Iterator[Any]]) -> None:
         self.entered.pop(self.entry_period.pop(oldest))
@@ -87,6 +100,20 @@ class _Clock:
         nxt = self.entry_period.get(oldest + 1)
         if nxt is not None and nxt + self.schedule.depth > self.period:
             self._release_through(nxt + self.schedule.depth - 1)
+
+    def caller_through(self) -> Optional[int]:
+        return None  # the caller's group runs all it was handed: the units of the periods released so far
+
+    def boundary(self) -> Dict[int, int]:
+        """Every unit of the periods released so far (they wait only on one another: see the module docstring)."""
+        last_period = self.period - 1
+        entries = list(self.entered)  # ascending: iterations enter in increasing periods
+        targets: Dict[int, int] = {}
+        for slot in self.schedule.slots:
+            entry = next((e for e in reversed(entries) if e + slot.stage <= last_period), None)
+            if entry is not None:
+                targets[slot.index] = self.entered[entry].iter_idx
+        return targets
 
     def _release(self, data_iter: Optional[Iterator[Any]]) -> None:
         """Tick: fetch the batch entering this period (if any), then hand out the period's units."""
@@ -211,7 +238,9 @@ class SWPipeline(_PipelineBase):
                           title=f"SWPipeline schedule: depth {self.depth}, {num_periods} periods")
 
     def format_stage_analysis(self) -> str:
-        """Tasks in serial order with their stage, and the LDS check (see ``ordering.longest_stage_chain``)."""
+        """Tasks in serial order with their stage, and the LDS check: the longest chain of dependent tasks whose
+        stages strictly increase, against the depth (equal: every stage boundary separates a producer from a
+        consumer that needs it)."""
         position = {t.name: k for k, t in enumerate(self._enqueue_order)}
         rows = [(self._shortcuts.label(t.name), position[t.name], t.stage, self._task_type(t))
                 for t in self._serial_order]
@@ -231,6 +260,6 @@ class SWPipeline(_PipelineBase):
         return [t.name for t in self._enqueue_order]
 
     def __repr__(self) -> str:
-        head = (f"SWPipeline(device={self.device}, depth={self.depth}, tasks={self.plan.task_names}, "
+        head = (f"SWPipeline(device={self._device_text()}, depth={self.depth}, tasks={self.plan.task_names}, "
                 f"shortcuts={self.shortcuts})")
         return f"{head}\n\n{self.format_schedule(self.depth)}"

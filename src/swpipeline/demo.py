@@ -11,9 +11,9 @@ binary click label). Every training iteration is five tasks in three stages::
              OptimizerStep   thread "default"  stream default
 
     period     P0   P1   P2   P3   P4
-    stage 2    --   --   i0   i1   i2     Forward/Backward/OptimizerStep
-    stage 1    --   i0   i1   i2   i3     CopyToDevice
     stage 0    i0   i1   i2   i3   i4     PrepareBatch (overlaps the model work on another core)
+    stage 1    --   i0   i1   i2   i3     CopyToDevice
+    stage 2    --   --   i0   i1   i2     Forward/Backward/OptimizerStep
 
 No inter-iteration dependency is declared for Forward/Backward/OptimizerStep:
 they share one thread and one stream, which already run ``OptimizerStep(i-1)``
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,9 +39,12 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Protocol, Sequenc
 import torch
 from torch import nn
 
+from .charts import save_period_table
+from .cli import int_at_least
 from .clocked import SWPipeline
 from .device import Device, TorchDevice, machine_accelerator, resolve_device
 from .plan import IterContext, PipelinePlan, PipelineTask, TaskSchedule
+from .tables import ScheduleRow, format_period_table
 from .timeline import Timeline
 
 __all__: List[str] = []
@@ -430,20 +434,7 @@ def format_loss_check(serial: RunResult, pipelined: RunResult) -> Tuple[bool, st
 # -- command line ----------------------------------------------------------------------------
 
 
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an int >= ``minimum``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
-        return value
-
-    return parse
-
+SEED_LIMIT = 2**62  # batch k's generator is seeded with seed + k, which torch takes as a 64-bit integer
 
 COMMAND_HELP = ("Train a small DLRM-style click model twice from the same initial weights, serially and "
                 "pipelined, print both speeds and check that the per-iteration losses are equal. The "
@@ -453,15 +444,15 @@ COMMAND_HELP = ("Train a small DLRM-style click model twice from the same initia
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``swpipeline demo`` options to ``parser``."""
     defaults = DemoConfig()
-    parser.add_argument("--iters", type=_int_at_least(1), default=defaults.iters,
+    parser.add_argument("--iters", type=int_at_least(1), default=defaults.iters,
                         help=f"timed training iterations per mode (default {defaults.iters})")
-    parser.add_argument("--batch-size", type=_int_at_least(1), default=defaults.batch_size,
+    parser.add_argument("--batch-size", type=int_at_least(1), default=defaults.batch_size,
                         help=f"samples per batch (default {defaults.batch_size})")
-    parser.add_argument("--warmup-iters", type=_int_at_least(0), default=defaults.warmup_iters,
+    parser.add_argument("--warmup-iters", type=int_at_least(0), default=defaults.warmup_iters,
                         help=f"untimed iterations before each timed run (default {defaults.warmup_iters})")
     parser.add_argument("--device", default=None,
                         help="'cpu', 'cuda', 'cuda:1', ... (default: the accelerator if there is one, else the CPU)")
-    parser.add_argument("--seed", type=int, default=defaults.seed,
+    parser.add_argument("--seed", type=int_at_least(-SEED_LIMIT, SEED_LIMIT), default=defaults.seed,
                         help=f"seed of the initial weights; batch k comes from seed + k (default {defaults.seed})")
     outputs = DemoOutputs()
     parser.add_argument("--trace", default=outputs.trace, metavar="PATH",
@@ -496,9 +487,9 @@ def run(args: argparse.Namespace) -> int:
     outputs = DemoOutputs(trace=args.trace, chart=args.chart, schedule_chart=args.schedule_chart)
     try:
         device = device_from_option(args.device)
-        for option, path in (("--trace", outputs.trace), ("--chart", outputs.chart),
-                             ("--schedule-chart", outputs.schedule_chart)):
-            check_output_path(option, path)
+        for option, path, png in (("--trace", outputs.trace, False), ("--chart", outputs.chart, True),
+                                  ("--schedule-chart", outputs.schedule_chart, True)):
+            check_output_path(option, path, png)
     except ValueError as exc:
         print(f"swpipeline demo: error: {exc}", file=sys.stderr)
         return 2
@@ -534,34 +525,90 @@ def device_from_option(text: Optional[str]) -> Device:
     return resolve_device(dev)
 
 
-def check_output_path(option: str, path: Optional[str]) -> None:
-    """Refuse an output path that could not be written, before any training: ValueError naming the option."""
+def check_output_path(option: str, path: Optional[str], png: bool = False) -> None:
+    """Refuse an output path that could not be written, before any training: ValueError naming the option.
+
+    The path must name a file (a ``.png`` one for a picture) whose folder exists or can be made, and the
+    file system must let it be created there (tried: a name too long, a read-only or special file
+    system such as ``/proc`` is refused now, not after the training).
+    """
     if not path:
         return
+    skip = "(or '' to skip this output)"
+    if path.endswith(("/", os.sep)):
+        raise ValueError(f"{option} {path}: ends with '/', so it names a folder; give a file name in it, such as "
+                         f"{path}{'timeline.png' if png else 'trace.json'} {skip}")
     target = Path(path)
-    if target.is_dir():
-        raise ValueError(f"{option} {path}: is a directory; give a file name (or '' to skip this output)")
+    longest = max(target.parts, key=lambda part: len(os.fsencode(part)))
     existing = target.parent
-    while not existing.exists() and existing != existing.parent:
+    while not _exists(existing) and existing != existing.parent:
         existing = existing.parent
-    if not existing.is_dir():
-        raise ValueError(f"{option} {path}: {existing} is a file, so no directory can be made there; choose "
-                         f"another path (or '' to skip this output)")
-    if not os.access(existing, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise ValueError(f"{option} {path}: not writable; choose another path (or '' to skip this output)")
+    limit = _name_max(existing)
+    if len(os.fsencode(longest)) > limit:
+        raise ValueError(f"{option} {path[:40]}...: a name in it is {len(os.fsencode(longest))} bytes long, and "
+                         f"this file system allows at most {limit}; choose a shorter name {skip}")
+    try:
+        if target.is_dir():
+            raise ValueError(f"{option} {path}: is a directory; give a file name {skip}")
+        if png and target.suffix.lower() != ".png":
+            raise ValueError(f"{option} {path}: the picture is a PNG; give a file name ending in .png {skip}")
+        if not existing.is_dir():
+            raise ValueError(f"{option} {path}: {existing} is a file, so no directory can be made there; choose "
+                             f"another path {skip}")
+        if not os.access(existing, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+            raise ValueError(f"{option} {path}: not writable; choose another path {skip}")
+        _try_creating(target, existing)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ValueError(f"{option} {path}: no file can be created there ({reason}); choose another path "
+                         f"{skip}") from None
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists (False for a path the system cannot even look up, e.g. a name too long)."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name (bytes) the file system holding ``folder`` allows (255 where it cannot say)."""
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+def _try_creating(target: Path, existing: Path) -> None:
+    """Create (then remove) the file, or a scratch file in the nearest existing folder: OSError if impossible."""
+    if target.parent != existing:
+        with tempfile.TemporaryFile(dir=existing):
+            return
+    if target.exists():
+        with open(target, "ab"):  # appends nothing: the file is left as it is
+            return
+    try:
+        handle = open(target, "xb")
+    except FileExistsError:  # made meanwhile by someone else: theirs to keep
+        return
+    handle.close()
+    target.unlink()
 
 
 def run_demo(cfg: DemoConfig, device: Device, outputs: Optional[DemoOutputs] = None) -> int:
     """Print the plan, train serially and pipelined, print the comparison; returns the exit code.
 
-    With ``outputs``, also write the pipelined run's trace and the pictures there.
+    With ``outputs``, also write the pipelined run's trace and the pictures there (2: one could not be written).
     """
     print(f"swpipeline demo: DLRM-style click model ({cfg.num_sparse} embedding bags, {cfg.num_dense} dense "
           f"features), {cfg.iters} iterations x {cfg.batch_size} samples, on {device}")
     print(f"torch.set_num_threads(1): every torch op runs on one core, so the prep thread and the "
           f"training thread can run side by side ({os.cpu_count()} CPU cores here)\n")
     shown = TrainingJob(cfg, device)
-    shown.pipe.print_schedule(5)
+    print("the plan, period by period (a row per task, in the order a batch goes through them; iN: iteration N "
+          "runs the task in that period):")
+    print(format_period_table(schedule_rows(shown.pipe, SCHEDULE_PERIODS), SCHEDULE_PERIODS))
     batches = [make_raw_batch(cfg, index) for index in range(cfg.iters)]
     megabytes = sum(raw_batch_bytes(batch) for batch in batches) / 2**20
     print(f"\nclick log generated up front ({cfg.iters} batches, {megabytes:.0f} MiB), so no timing includes it")
@@ -577,30 +624,65 @@ def run_demo(cfg: DemoConfig, device: Device, outputs: Optional[DemoOutputs] = N
     print(format_thread_split(shown.plan, serial, pipelined))
     equal, message = format_loss_check(serial, pipelined)
     print(message)
+    written = True
     if pipelined.timeline is not None:
         print(f"\npipelined run, as traced:\n{pipelined.timeline.stats()}")
         if outputs is not None:
-            write_outputs(outputs, pipelined.timeline, shown.pipe)
-    return 0 if equal else 1
+            written = write_outputs(outputs, pipelined.timeline, shown.pipe)
+    return 2 if not written else 0 if equal else 1
 
 
-def write_outputs(outputs: DemoOutputs, timeline: Timeline, pipe: SWPipeline) -> None:
-    """Write the trace JSON and the pictures that ``outputs`` asks for, and say where they are."""
-    lines = []
-    if outputs.trace:
-        timeline.save_chrome_trace(outputs.trace)
-        lines.append(f"trace: {outputs.trace} (open it at https://ui.perfetto.dev or chrome://tracing)")
-    try:
-        if outputs.chart:
-            last = min(outputs.chart_iterations, timeline.num_iterations) - 1
-            timeline.save_chart(outputs.chart, iterations=(0, last),
-                                title=f"swpipeline demo, pipelined: iterations 0-{last} of {timeline.num_iterations} "
-                                      f"on {timeline.device}")
-            lines.append(f"timeline chart: {outputs.chart}")
-        if outputs.schedule_chart:
-            pipe.save_schedule_chart(outputs.schedule_chart, 5)
-            lines.append(f"schedule picture: {outputs.schedule_chart}")
-    except ImportError as exc:
-        lines.append(f"pictures skipped: {exc}")
+SCHEDULE_PERIODS = 5  # the fill (stages 0 and 1 alone), then every stage at work
+
+
+def schedule_rows(pipe: SWPipeline, num_periods: int) -> List[ScheduleRow]:
+    """The period schedule's rows in the order a batch goes through them: by stage, then as each period submits
+    them (``print_schedule`` lists the oldest iteration's work first, so the last stage comes first)."""
+    plan = pipe.plan
+    position = {name: k for k, name in enumerate(pipe.enqueue_order)}
+    rows: List[ScheduleRow] = []
+    for name in sorted(plan.task_names, key=lambda n: (plan.stage(n), position[n])):
+        schedule, stage = plan.schedules[name], plan.stage(name)
+        cells = [f"i{p - stage}" if p >= stage else "--" for p in range(num_periods)]
+        rows.append((name, schedule.thread_group, "default" if schedule.stream is None else str(schedule.stream),
+                     cells))
+    return rows
+
+
+def write_outputs(outputs: DemoOutputs, timeline: Timeline, pipe: SWPipeline) -> bool:
+    """Write the trace JSON and the pictures that ``outputs`` asks for, and say where they are (or why not);
+    returns whether every asked-for file was written."""
+    lines, failed = [], []
+    for option, path in (("--trace", outputs.trace), ("--chart", outputs.chart),
+                         ("--schedule-chart", outputs.schedule_chart)):
+        if not path:
+            continue
+        try:
+            lines.append(_write_output(option, path, outputs, timeline, pipe))
+        except ImportError as exc:
+            lines.append(f"pictures skipped: {exc}")
+            break
+        except OSError as exc:
+            failed.append(f"swpipeline demo: error: {option} {path}: could not be written "
+                          f"({exc.strerror or exc}); the results above stand")
     if lines:
         print("\n" + "\n".join(lines))
+    for line in failed:
+        print(line, file=sys.stderr)
+    return not failed
+
+
+def _write_output(option: str, path: str, outputs: DemoOutputs, timeline: Timeline, pipe: SWPipeline) -> str:
+    """Write one output; the line saying where it is."""
+    if option == "--trace":
+        timeline.save_chrome_trace(path)
+        return f"trace: {path} (open it at https://ui.perfetto.dev or chrome://tracing)"
+    if option == "--chart":
+        last = min(outputs.chart_iterations, timeline.num_iterations) - 1
+        timeline.save_chart(path, iterations=(0, last),
+                            title=f"swpipeline demo, pipelined: iterations 0-{last} of {timeline.num_iterations} "
+                                  f"on {timeline.device}")
+        return f"timeline chart: {path}"
+    save_period_table(schedule_rows(pipe, SCHEDULE_PERIODS), path,
+                      title=f"swpipeline demo: schedule of depth {pipe.depth}, {SCHEDULE_PERIODS} periods")
+    return f"schedule picture: {path}"

@@ -9,19 +9,37 @@ with an error naming both parties, before anything of the pipeline is touched:
 * a driving call made from inside another one on the same thread (from the data
   iterator, or from a task running on the caller's thread);
 * a task (or ``worker_init``) of the pipeline's own run calling it: it would wait for itself.
+
+Threads are told apart by their ``threading.Thread`` object, never by ident: a new thread
+often gets the ident of one that ended, such as a worker of the run before. While a
+thread group runs on the driving thread (``caller_thread_group``), its task is that
+thread's, so a call from another thread names both threads and the task.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-from typing import Any, Callable, List, Optional, Tuple, TypeVar, cast
+from typing import Any, Callable, List, Optional, Protocol, Tuple, TypeVar, cast
 
 __all__: List[str] = []
 
 F = TypeVar("F", bound=Callable[..., Any])
-Claim = Tuple[Optional[int], str, str]  # (thread ident, method, thread name)
-UnitOn = Callable[[int], Optional[Tuple[Any, ...]]]  # thread ident -> the unit a run's worker runs there
+Unit = Tuple[Any, ...]  # (task, ctx, ...) as a worker runs it; ("(starting)",) while its thread starts
+
+
+Claim = Tuple[threading.Thread, str]  # a driving call in progress: its thread (the object) and the method
+
+class Occupancy(Protocol):
+    """What the pipeline's current run is doing on which thread (``run.Run``)."""
+
+    def task_running_on(self, thread: threading.Thread) -> Optional[Unit]: ...
+
+    def caller_unit(self) -> Optional[Unit]: ...
+
+
+def _task(unit: Unit) -> str:
+    return f"task {unit[0].name!r} (iteration {unit[1].iter_idx})"
 
 
 class DriverSeat:
@@ -31,13 +49,12 @@ class DriverSeat:
         self.holder: Optional[Claim] = None
         self._lock = threading.Lock()
 
-    def claim(self, claim: Claim, unit_on: Optional[UnitOn]) -> None:
+    def claim(self, claim: Claim, run: Optional[Occupancy]) -> None:
         """Take the seat for ``claim``, or raise RuntimeError saying who holds it (see the module docstring)."""
-        me, what, _ = claim
-        unit = unit_on(me) if unit_on is not None and me is not None else None
+        me, what = claim
+        unit = run.task_running_on(me) if run is not None else None
         if unit is not None:
-            where = "while its thread starts (worker_init)" if len(unit) < 2 else (
-                f"from inside task {unit[0].name!r} (iteration {unit[1].iter_idx})")
+            where = "while its thread starts (worker_init)" if len(unit) < 2 else f"from inside {_task(unit)}"
             raise RuntimeError(f"{what}() called {where}: a task must not drive the pipeline that runs it "
                                f"(it would wait for itself); drive it from the thread that called fill_pipeline()")
         with self._lock:
@@ -45,13 +62,21 @@ class DriverSeat:
             if holder is None:
                 self.holder = claim
                 return
-        if holder[0] == me:
-            raise RuntimeError(f"{what}() called while this thread is already inside {holder[1]}() (from the data "
-                               f"iterator, or from a task running on the caller's thread); a pipeline cannot be "
-                               f"driven from within its own driving call")
-        raise RuntimeError(f"{what}() called from thread {claim[2]!r} while thread {holder[2]!r} is in {holder[1]}(); "
-                           f"a pipeline is driven by one thread at a time (fill_pipeline, progress, advance, drain, "
-                           f"abandon, run): call it from that thread, or after its call returns")
+        holder_thread, holder_method = holder
+        inline = run.caller_unit() if run is not None else None
+        if holder_thread is me:
+            if inline is not None:
+                raise RuntimeError(f"{what}() called from inside {_task(inline)}, which {holder_method}() runs "
+                                   f"on this thread: a task must not drive the pipeline that runs it (it would "
+                                   f"wait for itself)")
+            raise RuntimeError(f"{what}() called while this thread is already inside {holder_method}() (from the "
+                               f"data iterator, or from a task running on the caller's thread); a pipeline cannot "
+                               f"be driven from within its own driving call")
+        doing = f", inside {_task(inline)}" if inline is not None else ""
+        raise RuntimeError(f"{what}() called from thread {me.name!r} while thread {holder_thread.name!r} is in "
+                           f"{holder_method}(){doing}; a pipeline is driven by one thread at a time "
+                           f"(fill_pipeline, progress, advance, drain, abandon, run): call it from that thread, or "
+                           f"after its call returns")
 
     def release(self, claim: Claim) -> None:
         if self.holder is claim:
@@ -59,16 +84,15 @@ class DriverSeat:
 
 
 def driving(method: F) -> F:
-    """Mark a pipeline method that drives it; the pipeline has ``_seat`` and ``_unit_on``."""
+    """Mark a pipeline method that drives it; the pipeline has ``_seat`` and ``_occupancy``."""
     name = method.__name__
 
     @functools.wraps(method)
     def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
-        me = threading.current_thread()
-        claim: Claim = (me.ident, name, me.name)
+        claim: Claim = (threading.current_thread(), name)
         seat: DriverSeat = self._seat
         try:
-            seat.claim(claim, self._unit_on())
+            seat.claim(claim, self._occupancy())
             return method(self, *args, **kwargs)
         finally:
             seat.release(claim)

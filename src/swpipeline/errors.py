@@ -38,10 +38,12 @@ class DependencyTimeoutError(PipelineTimeoutError):
 class ProgressTimeoutError(PipelineTimeoutError):
     """``progress()`` waited longer than ``progress_timeout`` for the oldest iteration."""
 
-    def __init__(self, iter_idx: int, unfinished: List[str], timeout: float, waits: List[str]) -> None:
+    def __init__(self, iter_idx: int, unfinished: List[str], timeout: float, waits: List[str],
+                 waited_for: Optional[str] = None) -> None:
         blocked = "".join(f"; {w}" for w in waits)
+        what = waited_for or f"iteration {iter_idx} to complete"
         super().__init__(
-            f"progress() waited {timeout:g} s for iteration {iter_idx} to complete; tasks not yet done: "
+            f"progress() waited {timeout:g} s for {what}; tasks not yet done: "
             f"{unfinished}{blocked}; a task is slow or blocked (raise progress_timeout if it is just slow)"
         )
         self.iter_idx = iter_idx

@@ -127,6 +127,14 @@ class EarlyFree:
             ctx._swp_free(gone)
 
 
+ENGINE_FIELDS = frozenset({"batch", "iter_idx"})  # the engine's own, never freed early
+
+
+def _context_attribute(name: str) -> str:
+    """``ctx.x`` (or ``ctx.batch['img']``, a write through it) -> ``x`` (``batch``)."""
+    return name[4:].split("[", 1)[0].split(".", 1)[0]
+
+
 def attribute_uses(plan: PipelinePlan, free_early: object, keep: object) -> Optional[List[FrozenSet[str]]]:
     """Per task (plan order), the context attributes ``free_early`` frees after it; None when off."""
     if isinstance(keep, str) or not isinstance(keep, Iterable):
@@ -140,7 +148,8 @@ def attribute_uses(plan: PipelinePlan, free_early: object, keep: object) -> Opti
         if free_early.plan.task_names != plan.task_names:
             raise ValueError(f"free_early: the analysis is of another plan (tasks {free_early.plan.task_names}, this "
                              f"plan's {plan.task_names}); pass analyze(plan, batch) of this plan")
-        return [frozenset(n[4:] for n in free_early.reads[t] | free_early.writes[t] if n.startswith("ctx.")) - kept
+        return [frozenset(_context_attribute(n) for n in free_early.reads[t] | free_early.writes[t]
+                          if n.startswith("ctx.") and _context_attribute(n) not in ENGINE_FIELDS) - kept
                 for t in plan.task_names]
     if free_early is not True:
         raise TypeError(f"free_early must be False, True (tasks declare reads= and writes=) or a PlanAnalysis "

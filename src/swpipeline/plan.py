@@ -41,16 +41,75 @@ class _EngineField(property):
         raise AttributeError(f"IterContext.{self.field_name} is read-only: {self.why}")
 
 
+class FreedAttributeError(RuntimeError):
+    """A task read a context attribute that ``free_early`` had already deleted.
+
+    A ``RuntimeError``, not an ``AttributeError``: ``getattr(ctx, name, default)``,
+    ``hasattr`` and ``vars(ctx).get(name)`` must not turn it into a silent default.
+    """
+
+
+class _ContextAttrs(dict):  # type: ignore[type-arg]
+    """An IterContext's attribute dict: reading a name ``free_early`` deleted raises instead of missing.
+
+    Attribute access (``ctx.x``, ``ctx.x = v``) goes to the dict's storage directly; only the
+    lookups a task makes through ``vars(ctx)`` / ``ctx.__dict__`` reach these methods. It
+    holds no reference to its context (no cycle: a retired context is freed at once).
+    """
+
+    __slots__ = ("iter_idx", "freed")
+
+    def __init__(self, iter_idx: int) -> None:
+        super().__init__()
+        self.iter_idx = iter_idx
+        self.freed: FrozenSet[str] = frozenset()  # names the engine deleted early (free_early)
+
+    def freed_error(self, name: str) -> "FreedAttributeError":
+        return FreedAttributeError(
+            f"IterContext of iteration {self.iter_idx} no longer has {name!r}: free_early deleted it once "
+            f"every task that declares it (reads/writes) had finished this iteration. Declare it in the "
+            f"reads of the task that needs it, or pass keep=({name!r},) to keep it until the iteration retires")
+
+    def _check(self, name: object) -> None:
+        if name in self.freed and not dict.__contains__(self, name):
+            raise self.freed_error(str(name))
+
+    def __missing__(self, name: str) -> Any:
+        self._check(name)
+        raise KeyError(name)
+
+    def __contains__(self, name: object) -> bool:
+        self._check(name)
+        return dict.__contains__(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self._check(name)
+        return dict.get(self, name, default)
+
+    def pop(self, name: str, *default: Any) -> Any:
+        self._check(name)
+        return dict.pop(self, name, *default)
+
+    def setdefault(self, name: str, default: Any = None) -> Any:
+        self._check(name)
+        return dict.setdefault(self, name, default)
+
+    def __reduce__(self) -> Any:  # a copy or pickle of it is a plain dict
+        return (dict, (dict(self),))
+
+
 class IterContext:
     """Per-iteration scratch space handed to every task function.
 
     ``batch`` is what the data iterator yielded and ``iter_idx`` the 0-based
     iteration number; both are read-only (the engine relies on them). Tasks attach
     intermediate results as attributes (``ctx.x = ...``) and may ``del`` them to free
-    memory early.
+    memory early. Reading an attribute that ``free_early`` deleted raises
+    :class:`FreedAttributeError` (a ``RuntimeError``) however it is read: ``ctx.x``,
+    ``getattr(ctx, "x", None)``, ``hasattr``, or through ``vars(ctx)``.
     """
 
-    __slots__ = ("_swp_batch", "_swp_iter", "_swp_freed", "__dict__", "__weakref__")
+    __slots__ = ("_swp_batch", "_swp_iter", "__dict__", "__weakref__")
 
     batch = _EngineField("_swp_batch", "batch", "it is what the data iterator yielded for this iteration; put "
                          "a transformed batch in an attribute of your own (ctx.x = ...), which you may del to "
@@ -61,23 +120,22 @@ class IterContext:
     def __init__(self, batch: Any, iter_idx: int) -> None:
         self._swp_batch = batch  # the slots behind the read-only fields
         self._swp_iter = iter_idx
-        self._swp_freed: Tuple[str, ...] = ()  # attributes the engine deleted early (free_early)
+        object.__setattr__(self, "__dict__", _ContextAttrs(iter_idx))
 
     def _swp_free(self, names: Sequence[str]) -> None:
         """The engine deletes ``names`` early: no declared task uses them any more in this iteration."""
-        attrs = self.__dict__
+        attrs = object.__getattribute__(self, "__dict__")
+        if isinstance(attrs, _ContextAttrs):
+            attrs.freed = attrs.freed | frozenset(names)  # first: a reader sees the value or the error
         for name in names:
-            attrs.pop(name, None)
-        self._swp_freed = self._swp_freed + tuple(names)
+            dict.pop(attrs, name, None)
 
     def __getattr__(self, name: str) -> Any:  # only reached for attributes that were never set
         if name.startswith("__"):
             raise AttributeError(name)
-        if name in self._swp_freed:
-            raise AttributeError(
-                f"IterContext of iteration {self.iter_idx} no longer has {name!r}: free_early deleted it once "
-                f"every task that declares it (reads/writes) had finished this iteration. Declare it in the "
-                f"reads of the task that needs it, or pass keep=({name!r},) to keep it until the iteration retires")
+        attrs = object.__getattribute__(self, "__dict__")
+        if isinstance(attrs, _ContextAttrs) and name in attrs.freed:
+            raise attrs.freed_error(name)
         have = ["batch", "iter_idx", *sorted(vars(self))]
         close = difflib.get_close_matches(name, have, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -114,10 +172,12 @@ class DeclaredIO:
 class PipelineTask:
     """One schedulable unit of work: a name, a function of the IterContext, its side effects.
 
-    Tasks hash and compare by name, so they can key ``PipelinePlan.schedule``. Two
-    different tasks with one name are a mistake a dict cannot report (it keeps one key
-    and the last value), so a task remembers any namesake with another function or io
-    it was compared with, and ``PipelinePlan`` refuses a task that has one.
+    Tasks hash by name, so they can key ``PipelinePlan.schedule``, and compare equal
+    when they have the same name and run the same function with the same io: the same
+    task declared twice is one key. Two *different* tasks with one name are never equal,
+    so a dict keeps both of them and ``PipelinePlan`` refuses the duplicate name (had
+    they compared equal, the dict would silently keep one task with the other's
+    schedule). Comparing tasks changes nothing about them.
     """
 
     name: str
@@ -145,11 +205,7 @@ class PipelineTask:
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PipelineTask):
-            same = self.name == other.name
-            if same and other is not self and (other.fn is not self.fn or other.io != self.io):
-                self.__dict__.setdefault("_namesakes", []).append(other)
-                other.__dict__.setdefault("_namesakes", []).append(self)
-            return same
+            return other is self or (self.name == other.name and self.fn is other.fn and self.io == other.io)
         return NotImplemented
 
     def __repr__(self) -> str:
@@ -169,16 +225,6 @@ def _attribute_names(task: str, what: str, names: Any) -> Optional[FrozenSet[str
             raise ValueError(f"PipelineTask {task!r}: {what} names context attributes as on the context (\"x\" "
                              f"for ctx.x), other than batch and iter_idx; got {name!r}")
     return found
-
-
-def _refuse_namesakes(task: PipelineTask) -> None:
-    twins = task.__dict__.get("_namesakes", [])
-    if twins:
-        other = twins[0]
-        raise ValueError(
-            f"schedule: two different tasks are named {task.name!r} (functions {_describe(task.fn)} and "
-            f"{_describe(other.fn)}); tasks compare by name, so as keys of one dict they count as one, and the dict "
-            f"kept one task with the other's schedule. Give each task its own name")
 
 
 def _describe(fn: Callable[..., Any]) -> str:
@@ -335,7 +381,6 @@ class PipelinePlan:
                 task = NamedOnlyTask(key)
             elif isinstance(key, PipelineTask):
                 task = key
-                _refuse_namesakes(task)
             else:
                 raise TypeError(
                     f"schedule: keys must be PipelineTask objects or names, got {type(key).__name__} {key!r}"
@@ -350,9 +395,12 @@ class PipelinePlan:
                     f"(stage k works on iteration period - k)"
                 )
             if task.name in self.schedules:
+                first = self.task(task.name)
+                if isinstance(task, NamedOnlyTask) or isinstance(first, NamedOnlyTask):
+                    raise ValueError(f"schedule: duplicate task name {task.name!r}; every task needs a unique name")
                 raise ValueError(
-                    f"schedule: duplicate task name {task.name!r}; every task needs a unique name"
-                )
+                    f"schedule: two different tasks are named {task.name!r} (functions {_describe(first.fn)} and "
+                    f"{_describe(task.fn)}); every task needs its own name: rename one of them")
             self.tasks.append(task)
             self.schedules[task.name] = sched
         if not self.tasks:

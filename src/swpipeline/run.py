@@ -14,7 +14,18 @@ Life cycle (``Run.state``), changed only under ``Run.lock``::
 Every way out of ``running`` goes through ``stop``: abort (every waiting thread wakes
 and every worker starts nothing more), ask each worker to end, and join them all
 against one shared deadline. ``stop`` cannot be left half done: an interrupt that lands
-while it runs is held back until the joins are over, then re-raised.
+while it runs is held back until the joins are over, then re-raised. A run is joined
+once: stopping it again (``run()``'s handler and ``__exit__`` abandon a run that failed,
+which stopped it already) joins nothing more, so a thread stuck in a task costs one
+``join_timeout`` in total, whatever the path.
+
+No reference cycles on the failure path. A stopped run lets go of everything of the
+caller's it held: the failure (whose traceback holds the frames that raised it, the
+caller's among them), the contexts in flight (their batches), the data iterator, the
+engine's policy and the units its ended workers never ran. A failure recorded after
+the run stopped (a straggler's) is not kept. So the objects of a failed run are freed by
+reference counting as soon as the caller drops the exception, never by a later garbage
+collection, in which a Ctrl-C could be lost and a data loader's worker processes linger.
 """
 
 from __future__ import annotations
@@ -59,8 +70,8 @@ class Run:
         self.turns = all_turns(tasks)  # the sequencer and the shared streams' turns, if any
         self.lock = threading.Lock()
         self.state = RUNNING
-        self.error: Optional[BaseException] = None
-        self._error_raised = False  # the caller raised the failure (see forget_error)
+        self.error: Optional[BaseException] = None  # the first failure, until the run stops
+        self._joined = False  # stop() joined the workers (it never does twice)
         self.workers: Dict[str, WorkerLike] = {}
         self.inline: Optional[InlineWorker] = None
         self.stragglers: List[Worker] = []
@@ -72,6 +83,7 @@ class Run:
         self.last_ctx: Optional[IterContext] = None
         self.peak_live_contexts = 0
         self.deferred: Optional[Tuple[int, Optional[Iterator[Any]]]] = None  # see progress(advance=False)
+        self.data_source: Optional[Iterator[Any]] = None  # the data iterator progress() last accepted
         self.policy: Any = None  # the engine's scheduling for this run (see base.Policy)
         self.modes: Optional[Modes] = None  # the torch modes of the driving call handing out work (modes.py)
         # On a device with events, per event slot: the event recorded on the stream the caller drew that
@@ -106,15 +118,18 @@ class Run:
             if isinstance(worker, Worker):
                 worker.watch(owner, self.abandon_nowait)
 
-    def task_running_on(self, thread_ident: int) -> Optional[Unit]:
-        """The unit a worker of this run is running on that thread (the caller's, for the inline group)."""
+    def task_running_on(self, thread: threading.Thread) -> Optional[Unit]:
+        """The unit this run's worker ``thread`` is running (``("(starting)",)`` in its start-up); None if
+        ``thread`` is not one of this run's workers. Threads are told apart by object: a new thread may
+        reuse the ident of an ended one."""
         for worker in list(self.workers.values()):
-            thread = worker.thread if isinstance(worker, Worker) else None
-            if thread is not None and thread.ident == thread_ident:
+            if isinstance(worker, Worker) and worker.thread is thread:
                 return worker.current or ("(starting)",)
-            if thread is None and worker.current is not None:
-                return worker.current
         return None
+
+    def caller_unit(self) -> Optional[Unit]:
+        """The unit of the caller's thread group that the driving thread is running, if any."""
+        return self.inline.current if self.inline is not None else None
 
     # -- fetching and retiring (the caller's thread) ---------------------------------------------
 
@@ -178,6 +193,21 @@ class Run:
         self.next_retire = oldest + 1
         return oldest
 
+    def settle(self, targets: Dict[int, int]) -> None:
+        """Wait until each task has done its iteration in ``targets`` (the units that can still run at a step
+        boundary, see ``base``); raise the run's failure if any, or ProgressTimeoutError naming what is left."""
+        board = self.board
+        pending = sorted(((task, it) for task, it in targets.items() if board.done[task] <= it),
+                         key=lambda unit: (unit[1], unit[0]))
+        if pending and not board.wait_units(pending, self.progress_timeout, self.has_failed):
+            left = [(task, it) for task, it in pending if board.done[task] <= it]
+            first = left[0][1]
+            raise ProgressTimeoutError(first, [f"{board.names[task]} (iteration {it})" for task, it in left],
+                                       self.progress_timeout, self.blocked_waits(first),
+                                       waited_for="the units already handed out to finish at the step boundary")
+        if self.error is not None:
+            raise self.error
+
     def blocked_waits(self, iter_idx: int) -> List[str]:
         """For each unfinished task of ``iter_idx``, the dependencies it is still missing."""
         done, names = self.board.done, self.board.names
@@ -195,7 +225,7 @@ class Run:
     # -- failure ---------------------------------------------------------------------------------
 
     def has_failed(self) -> bool:
-        return self.error is not None or self._error_raised
+        return self.error is not None or self.state == FAILED
 
     def on_worker_error(self, exc: BaseException, unit: Optional[Unit]) -> None:
         """A unit (or a worker's start-up) raised: keep the first failure and wake everyone. Never raises."""
@@ -229,17 +259,15 @@ class Run:
         self.on_worker_error(exc, unit)
 
     def record_failure(self, exc: BaseException) -> None:
-        """Keep the first failure, and wake every thread waiting on the run."""
+        """Keep the first failure of a running run, and wake every thread waiting on it.
+
+        Once the run stopped nothing is kept: the exception's traceback holds frames that refer
+        back to this run (a worker's, through its report), a cycle only a garbage collection frees.
+        """
         with self.lock:
-            if self.error is None and not self._error_raised:
+            if self.error is None and self.state == RUNNING:
                 self.error = exc
         self.abort()
-
-    def forget_error(self) -> None:
-        """The caller raised the failure: drop it (its traceback's frames refer back to this run, a cycle
-        that would keep user objects alive until a garbage collection, run at any later moment)."""
-        with self.lock:
-            self.error, self._error_raised = None, True
 
     def abort(self) -> None:
         """Every wait of this run raises PipelineAborted from now on; no worker starts another unit."""
@@ -264,23 +292,43 @@ class Run:
                         self.state = state
                 if self.state != FINISHED:
                     self.abort()
-                workers = list(self.workers.values())
-                for worker in workers:
-                    worker.stop()
-                me = threading.current_thread()
-                for worker in workers:
-                    if isinstance(worker, Worker) and worker.alive and worker.thread is not me:
-                        worker.join(max(0.0, deadline - time.monotonic()))
+                if not self._joined:
+                    self._join_workers(deadline)
+                    self._joined = True
                 break
             except BaseException as exc:  # e.g. a second Ctrl-C: finish stopping first
                 if pending is None:
                     pending = exc
         self.stragglers = [w for w in self.workers.values() if isinstance(w, Worker) and w.alive]
+        self._let_go()
         if not self.stragglers:
             shutdown.forget(self)
         if pending is not None:
-            raise pending
+            try:
+                raise pending
+            finally:
+                pending = None  # this frame is on its traceback: keeping it as a local would be a cycle
         return self.stragglers
+
+    def _join_workers(self, deadline: float) -> None:
+        """Ask every worker to end, and join each against the shared ``deadline``."""
+        workers = list(self.workers.values())
+        for worker in workers:
+            worker.stop()
+        me = threading.current_thread()
+        for worker in workers:
+            if isinstance(worker, Worker) and worker.alive and worker.thread is not me:
+                worker.join(max(0.0, deadline - time.monotonic()))
+
+    def _let_go(self) -> None:
+        """Drop what a stopped run holds of the caller's (see "No reference cycles" above)."""
+        with self.lock:
+            self.error = None
+        self.contexts.clear()
+        self.deferred = self.data_source = self.policy = None
+        for worker in list(self.workers.values()):
+            if isinstance(worker, Worker):
+                worker.discard_queued()
 
     def threads_alive(self) -> bool:
         return any(isinstance(w, Worker) and w.alive for w in list(self.workers.values()))

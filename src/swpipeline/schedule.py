@@ -13,7 +13,9 @@ in the periods that ``progress(None)`` ran without a batch)::
 The engine hands each thread group exactly ``units(p, entered)`` of every period;
 ``print_schedule`` renders the same data; ``check`` runs the schedule on paper (FIFO
 queues, every dependency wait, the sequencer, the clock that releases period
-``depth + k`` only once iteration ``k`` retired) and raises if it could ever get stuck.
+``depth + k`` only once iteration ``k`` retired) and raises if it could ever get stuck;
+``settle`` runs the units already handed out on paper, to find what runs before more is
+(the data-flow engine's step boundary).
 """
 
 from __future__ import annotations
@@ -151,7 +153,7 @@ class Schedule:
             for slot, it in self.units(period, {i: i for i in range(num_batches)}):
                 queues.setdefault(slot.group, []).append((period, it, slot))
                 remaining[it] += 1
-                for line in self._turn_lines(slot):
+                for line in self.turn_lines(slot):
                     turn_orders.setdefault(line, []).append((slot.index, it))
         done: Set[Tuple[int, int]] = set()
         heads = {group: 0 for group in queues}
@@ -164,12 +166,12 @@ class Schedule:
                 released = period <= self.depth - 1 + retired
             else:
                 known = period < retired + max_live or retired + max_live >= num_batches
-                released = it < retired + max_live and (known or not self._turn_lines(slot))
+                released = it < retired + max_live and (known or not self.turn_lines(slot))
             if not released or any((d, it) not in done for d in slot.intra):
                 return False
             if it > 0 and any((d, it - 1) not in done for d in slot.inter):
                 return False
-            return all(turn_orders[line][turn[line]] == (slot.index, it) for line in self._turn_lines(slot))
+            return all(turn_orders[line][turn[line]] == (slot.index, it) for line in self.turn_lines(slot))
 
         while retired < num_batches:
             moved = False
@@ -178,7 +180,7 @@ class Schedule:
                     _, it, slot = queue[heads[group]]
                     done.add((slot.index, it))
                     remaining[it] -= 1
-                    for line in self._turn_lines(slot):
+                    for line in self.turn_lines(slot):
                         turn[line] += 1
                     heads[group] += 1
                     moved = True
@@ -190,8 +192,55 @@ class Schedule:
                 raise ScheduleError(f"with {num_batches} batches the schedule gets stuck after retiring {retired} "
                                     f"iteration(s): {blocked}\n{self.describe(4)}", blocked)
 
+    def settle(self, queues: Mapping[str, Sequence[Tuple[int, Slot]]],
+               turn_orders: Mapping[object, Sequence[Tuple[int, int]]], retired: int) -> Dict[int, int]:
+        """What runs, on paper, of units already handed out if nothing more is: per task index, the last
+        iteration of it that does (a task absent: none).
+
+        ``queues``: each thread group's units not yet retired, ``(iteration, slot)`` in its order;
+        ``turn_orders``: each turn line's numbered units ``(task index, iteration)`` in number order
+        (a unit numbered but not handed out blocks its line); every unit of an iteration below
+        ``retired`` is done. As in ``check``, running a unit never disables another, so one
+        maximal run gives the answer whatever the timing.
+        """
+        done: Set[Tuple[int, int]] = set()
+        at = {line: 0 for line in turn_orders}
+
+        def is_done(index: int, it: int) -> bool:
+            return it < retired or (index, it) in done
+
+        def my_turn(slot: Slot, it: int) -> bool:
+            for line in self.turn_lines(slot):
+                order = turn_orders.get(line, ())
+                k = at.get(line, 0)
+                while k < len(order) and is_done(*order[k]):
+                    k += 1
+                at[line] = k
+                if k == len(order) or order[k] != (slot.index, it):
+                    return False
+            return True
+
+        heads = {group: 0 for group in queues}
+        moved = True
+        while moved:
+            moved = False
+            for group, queue in queues.items():
+                while heads[group] < len(queue):
+                    it, slot = queue[heads[group]]
+                    if not (all(is_done(d, it) for d in slot.intra) and all(is_done(d, it - 1) for d in slot.inter)
+                            and my_turn(slot, it)):
+                        break
+                    done.add((slot.index, it))
+                    heads[group] += 1
+                    moved = True
+        last: Dict[int, int] = {}
+        for index, it in done:
+            last[index] = max(it, last.get(index, it))
+        return last
+
     @staticmethod
-    def _turn_lines(slot: Slot) -> Tuple[object, ...]:
+    def turn_lines(slot: Slot) -> Tuple[object, ...]:
+        """The turn lines a slot's units take turns in: the sequencer, its shared stream, both or none."""
         return (("sequencer",) if slot.ordered else ()) + ((("stream", slot.stream_key),) if slot.shares_stream else ())
 
     def describe(self, num_periods: int) -> str:

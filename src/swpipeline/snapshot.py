@@ -111,7 +111,7 @@ class Restorer:
         kind = cached[1]
         if kind == "t":
             tensor = cached[2].detach()
-            return tensor.requires_grad_(True) if cached[3] and tensor.is_floating_point() else tensor
+            return tensor.requires_grad_(True) if cached[3] else tensor  # only a float or complex tensor can
         if kind == "d":
             out = {} if cached[2] is None else copy.copy(cached[2])
             out.update((k, self.give(v)) for k, v in cached[3])

@@ -41,7 +41,9 @@ def format_period_table(rows: Sequence[ScheduleRow], num_periods: int) -> str:
 
 def format_stage_analysis(rows: Sequence[Tuple[str, int, int, str]], chain: Sequence[Tuple[str, int]],
                           depth: int) -> str:
-    """The ``print_stage_analysis`` report.
+    """The ``print_stage_analysis`` report, then two lines saying what "LDS" and the verdict mean.
+
+    The rule under the header is 50 dashes, or as wide as the widest row for long task names.
 
     Args:
         rows: (task, enqueue index, stage, type) in serial topological order.
@@ -49,21 +51,27 @@ def format_stage_analysis(rows: Sequence[Tuple[str, int, int, str]], chain: Sequ
         depth: the pipeline depth.
     """
     task_w = max([20] + [len(r[0]) for r in rows])
-    out = ["Task schedule (topological order):",
-           f"{'Pos':<4} {'Task':<{task_w}} {'Idx':<4} {'Stage':<6} Type",
-           "-" * (task_w + 24)]
-    out += [f"{pos:<4} {name:<{task_w}} {idx:<4} {stage:<6} {kind}" for pos, (name, idx, stage, kind) in
-            enumerate(rows)]
-    stages = ", ".join(str(s) for _, s in chain)
-    names = " <- ".join(n for n, _ in chain)
+    lines = [f"{pos:<4} {name:<{task_w}} {idx:<4} {stage:<6} {kind}" for pos, (name, idx, stage, kind) in
+             enumerate(rows)]
+    header = f"{'Pos':<4} {'Task':<{task_w}} {'Idx':<4} {'Stage':<6} Type"
+    out = ["Task schedule (topological order):", header, "-" * max([50] + [len(line) for line in lines])]
+    out += lines
     lds = len(chain)
-    out.append(f"LDS = {lds} (example: ({stages}{',' if lds == 1 else ''}) = {names})")
+    stages = ", ".join(str(s) for _, s in chain)
+    out.append(f"LDS = {lds} (example: ({stages}{',' if lds == 1 else ''}))")
     out.append(f"Pipeline depth = {depth}")
     if lds == depth:
         out.append("\u2713 LDS == depth (Dilworth-optimal)")
     else:
         out.append(f"\u2717 LDS < depth: {depth - lds} stage(s) hold a batch in flight without separating a "
                    f"producer from its consumer; a depth of {lds} gives the same dependency structure")
+    names = " <- ".join(n for n, _ in chain)
+    out.append(f"  LDS: the longest chain of dependencies, consumer first, in which each task is at a later stage "
+               f"than the task it needs (here {names}); its tasks need one stage each, so the depth is at least "
+               f"the LDS")
+    if lds == depth:
+        out.append("  Dilworth-optimal: the depth equals the LDS, so every stage boundary separates a producer from "
+                   "a consumer that needs its result")
     return "\n".join(out)
 
 

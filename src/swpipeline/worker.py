@@ -16,6 +16,8 @@ Guarantees:
   range per unit) while a torch profiler records: asked once per queue item;
 * ``current`` is the unit it is running (None between units), so that a straggler
   can be named and a task that drives its own pipeline can be recognised;
+* once its thread has ended, what is left in its queue is dropped on request
+  (``discard_queued``): units it will never run hold their contexts, the caller's batches;
 * when the pipeline it works for is garbage-collected, the worker ends its run and
   itself (``watch``). No Python code runs in the collector for it: the weak
   reference's callback is the queue's own (C) ``put``, which hands the worker the dead
@@ -190,7 +192,7 @@ class Worker(_UnitRunner):
                 return
             time.sleep(0.0002)
 
-    def put(self, units: Sequence[Unit], modes: Optional[Modes] = None) -> None:
+    def put(self, units: Sequence[Unit], modes: Optional[Modes] = None, period: Optional[int] = None) -> None:
         self._queue.put((modes, units))
 
     def watch(self, owner: object, orphaned: Callable[[], None]) -> None:
@@ -201,6 +203,16 @@ class Worker(_UnitRunner):
     def stop(self) -> None:
         """Ask the thread to end once it is between units (it ends at once if it is waiting for work)."""
         self._queue.put(_STOP)
+
+    def discard_queued(self) -> None:
+        """Drop what is left in the queue of a thread that has ended (units it will never run hold contexts)."""
+        if self.alive:
+            return
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                return
 
     @property
     def alive(self) -> bool:
@@ -249,36 +261,32 @@ class InlineWorker(_UnitRunner):
         self.group = group
         self.current: Optional[Unit] = None
         self.thread: Optional[threading.Thread] = None
-        self._queue: Deque[Tuple[Optional[Modes], Sequence[Unit]]] = collections.deque()
+        self._queue: Deque[Tuple[Optional[Modes], Sequence[Unit], Optional[int]]] = collections.deque()
         self._run_unit, self._annotated_unit = run_units
         self._report = report
         self._board = board
 
-    def put(self, units: Sequence[Unit], modes: Optional[Modes] = None) -> None:
-        self._queue.append((modes, units))
+    def put(self, units: Sequence[Unit], modes: Optional[Modes] = None, period: Optional[int] = None) -> None:
+        """Queue ``units``; ``period``: the (virtual) period they all belong to, if the engine runs the group
+        only up to some period per call (see ``run_queued``)."""
+        self._queue.append((modes, units, period))
 
     def run_queued(self, through: Optional[int] = None) -> None:
         """Run what was queued, in order, each item under the modes of the call that handed it out.
 
-        ``through``: run only the units of (virtual) periods up to it, a unit of iteration ``i``
-        and stage ``s`` being of period ``i + s``; the rest stays queued for a later call.
+        ``through``: stop before the first item of a later period; it and the rest stay queued
+        for a later call.
         """
         pending = self._queue
         while pending:
-            modes, units = pending.popleft()
-            if through is not None:
-                cut = next((k for k, unit in enumerate(units) if unit[1].iter_idx + unit[0].stage > through),
-                           len(units))
-                if cut < len(units):
-                    pending.appendleft((modes, units[cut:]))
-                    units = units[:cut]
-                    if not units:
-                        return
+            modes, units, period = pending.popleft()
+            if through is not None and period is not None and period > through:
+                pending.appendleft((modes, units, period))
+                return
             with modes.applied() if modes is not None else contextlib.nullcontext():
                 if not self._run_units(units):
                     pending.clear()
                     return
-
 
     def stop(self) -> None:
         self._queue.clear()

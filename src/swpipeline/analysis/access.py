@@ -1,18 +1,24 @@
 """What a task touches: context attributes, and state outside the context found through torch itself.
 
-``record_iteration`` runs one iteration's tasks in a given order on the caller's thread
-and returns, per task, the names it read, wrote and deleted:
+``record_iteration`` (``report.py``) runs one iteration's tasks in a given order on the
+caller's thread and collects, per task, the names it read, wrote and deleted:
 
 * ``ctx.<attr>``: context attributes, seen through a recording view of the context (the
-  one task shortcut uses); ``ctx.batch`` and ``ctx.iter_idx`` belong to the engine and
-  never change, so they are left out;
+  one task shortcut uses). A value read from the context and changed in place (a tensor's
+  version counter, a container's items: see ``inplace.py``) is a write of the attribute
+  it was read from; ``ctx.batch`` is an attribute like any other for that, and is only
+  reported when a task changes it. Looking at every attribute at once (``vars(ctx)``
+  iterated, copied, compared) reads every attribute any task of the iteration writes.
+  ``ctx.iter_idx`` never changes and is left out;
 * state outside the context, seen through torch: a ``TorchDispatchMode`` notes every
   tensor an operator reads and every tensor its schema says it mutates (a view, which
-  touches no data, is not a read); a ``TorchFunctionMode`` notes reads and assignments
-  of ``.grad``; version counters and the identity of every named tensor, compared
-  before and after the task, catch writes no operator reported (``p.grad = None``).
-  A tensor is state if it has a name, or if it existed before the iteration began and
-  the batch does not hold it;
+  touches no data, is not a read), and every generator a random operator draws from (a
+  draw reads and advances it: see ``generators.py``); a ``TorchFunctionMode`` notes reads
+  and assignments of ``.grad``; version counters and the identity of every named tensor,
+  compared before and after the task, catch writes no operator reported
+  (``p.grad = None``). A tensor is state if it has a name, or if it existed before the
+  iteration began and the batch does not hold it; a generator is state if it is a
+  default generator or has a name;
 * ``<Task>.io[k]``: the state behind a ``DeclaredIO``, written by every task that declares
   it and by any task during which its ``capture()`` value changes; tensors that
   ``capture()`` returns are named after it, so reading them reads it.
@@ -20,13 +26,15 @@ and returns, per task, the names it read, wrote and deleted:
 Names come from walking the task functions (bound ``self``, closure variables, the
 globals they use, attributes): a parameter reads ``model.dense.0.weight``, its gradient
 ``model.dense.0.weight.grad``, an optimizer's state
-``optimizer.state[model.dense.0.weight].exp_avg``. Any other tensor is
-``tensor float32[16, 8] #k``, numbered in the order of first access.
+``optimizer.state[model.dense.0.weight].exp_avg``, a generator ``loader.gen``. Any other
+tensor is ``tensor float32[16, 8] #k``, numbered in the order of first access.
 
 Not seen: Python state other than the context and ``DeclaredIO`` (lists, counters,
-attributes of plain objects), and tensors that native code writes behind both the
-dispatcher and the version counter. State created lazily during the recorded
-iteration (optimizer state, ``.grad``) is seen when it has a name.
+attributes of plain objects) unless reached from a context attribute as above, random
+state outside torch (``random``, NumPy), an explicit generator nothing names, and tensors
+that native code writes behind both the dispatcher and the version counter. State created
+lazily during the recorded iteration (optimizer state, ``.grad``) is seen when it has a
+name.
 """
 
 from __future__ import annotations
@@ -42,11 +50,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..plan import DeclaredIO, IterContext, PipelineTask
 from ..shortcut import _Journal, _RecordingView
+from .generators import GeneratorKey, drawn_from, draws_nothing, generator_name, named_generators
+from .inplace import WATCHED, ValueWatch
 from .naming import MAX_DEPTH, describe, find_roots, named_slots, storage_key, walk_tensors
 
 __all__: List[str] = []
 
 READ, WRITE, DELETE = "read", "write", "delete"
+MUTATE, DRAW, READ_ALL = "mutate", "draw", "read all"  # changed in place; drawn from (a generator); vars(ctx) read
 ENGINE_FIELDS = frozenset({"batch", "iter_idx"})
 Note = Callable[[str, str], None]  # (kind, attribute name)
 
@@ -55,15 +66,29 @@ Note = Callable[[str, str], None]  # (kind, attribute name)
 
 
 class _NotingJournal(_Journal):
-    """A recording journal that hands every context access to ``note(kind, name)`` as it happens."""
+    """A recording journal that hands every context access to ``note(kind, name)`` as it happens.
+
+    Values read are watched (``inplace.py``); ``finish()``, once the task has returned,
+    notes a ``MUTATE`` of each attribute whose value the task changed in place.
+    """
+
+    watches = WATCHED
 
     def __init__(self, target: IterContext, note: Note) -> None:  # noqa: the journal's own records are not kept
         self.target = target
         self._note = note
+        self._values: Optional[ValueWatch] = None
 
     def read(self, name: str) -> None:
-        if name not in ENGINE_FIELDS:
-            self._note(READ, name)
+        self._note(READ, name)
+
+    def read_all(self) -> None:
+        self._note(READ_ALL, "")
+
+    def watch(self, name: str, value: Any) -> None:
+        if self._values is None:
+            self._values = ValueWatch()
+        self._values.watch(name, value)
 
     def touch(self, name: str) -> None:
         return None
@@ -74,22 +99,41 @@ class _NotingJournal(_Journal):
     def delete(self, name: str) -> None:
         self._note(DELETE, name)
 
+    def finish(self) -> None:
+        if self._values is not None:
+            for name in self._values.changed():
+                self._note(MUTATE, name)
 
-def recording_view(ctx: IterContext, note: Note) -> IterContext:
-    """A stand-in for ``ctx`` that forwards every read, write and delete to it and calls ``note`` for each."""
-    return _RecordingView(_NotingJournal(ctx, note))
+
+def recording_view(ctx: IterContext, note: Note) -> Tuple[IterContext, Callable[[], None]]:
+    """A stand-in for ``ctx`` that forwards every access to it and calls ``note`` for each; and the function to
+    call when the task has returned, which notes what it changed in place."""
+    journal = _NotingJournal(ctx, note)
+    return _RecordingView(journal), journal.finish
 
 
 @dataclass
 class TaskAccess:
-    """What one task touched: names read, written (assigned or modified in place) and deleted."""
+    """What one task touched: names read, written (assigned, changed in place or drawn from) and deleted."""
 
     reads: Set[str] = field(default_factory=set)
     writes: Set[str] = field(default_factory=set)
     deletes: Set[str] = field(default_factory=set)
+    assigned: Set[str] = field(default_factory=set)  # written by an assignment or an operator's output
+    mutated: Set[str] = field(default_factory=set)  # a value read from the context, changed in place
+    draws: Set[str] = field(default_factory=set)  # generators drawn from
+    reads_all: bool = False  # looked at every context attribute at once (``vars(ctx)`` iterated, copied, ...)
 
     def note(self, kind: str, name: str) -> None:
-        (self.reads if kind == READ else self.deletes if kind == DELETE else self.writes).add(name)
+        if kind == READ:
+            self.reads.add(name)
+        elif kind == DELETE:
+            self.deletes.add(name)
+        elif kind == READ_ALL:
+            self.reads_all = True
+        else:
+            self.writes.add(name)
+            (self.mutated if kind == MUTATE else self.draws if kind == DRAW else self.assigned).add(name)
 
     @property
     def touched(self) -> Set[str]:
@@ -97,6 +141,14 @@ class TaskAccess:
 
     def modifies(self, name: str) -> bool:
         return name in self.writes or name in self.deletes
+
+    def modify_kind(self, name: str) -> str:
+        """How the task modified ``name``, in the words of a report: drawn, deleted, changed in place, written."""
+        if name in self.draws:
+            return DRAW
+        if name in self.deletes and name not in self.writes:
+            return DELETE
+        return MUTATE if name in self.mutated and name not in self.assigned else WRITE
 
 
 @dataclass
@@ -129,15 +181,19 @@ class _GradSlots(TorchFunctionMode):
 
 
 class _OperatorAccess(TorchDispatchMode):
-    """Hands ``on_storage(key, kind)`` the storage of every tensor an operator reads or, by its schema, writes.
+    """Hands ``on_storage(key, kind)`` the storage of every tensor an operator reads or, by its schema, writes,
+    and ``on_draw(generator)`` each generator a random operator draws from (see ``generators.py``).
 
     An argument the result aliases without writing it (``t``, ``view``, ``detach``) is a
     view: no data is touched, so it is no read.
     """
 
-    def __init__(self, on_storage: Callable[[int, str], None]) -> None:
+    supports_higher_order_operators = True  # torch.cond & co. run as they are (what they touch inside is not seen)
+
+    def __init__(self, on_storage: Callable[[int, str], None], on_draw: Callable[[GeneratorKey], None]) -> None:
         super().__init__()
         self.on_storage = on_storage
+        self.on_draw = on_draw
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (),
                            kwargs: Optional[Dict[str, Any]] = None) -> Any:
@@ -154,7 +210,56 @@ class _OperatorAccess(TorchDispatchMode):
                 key = storage_key(tensor) if isinstance(tensor, torch.Tensor) else None
                 if key is not None:
                     self.on_storage(key, kind)
-        return func(*args, **kwargs)
+        result = func(*args, **kwargs)
+        drawn = drawn_from(func, args, kwargs, result)
+        if drawn is not None:
+            self.on_draw(drawn)
+        return result
+
+
+# -- draws, seen by the race checker ------------------------------------------------------------------------
+
+
+class DrawObserver(TorchDispatchMode):
+    """A dispatch mode that hands ``drew(key)`` each generator the operators run under it draw from.
+
+    The race checker's journal of one task call is one (``checked_call.py``): it is pushed
+    with ``push`` on the calling thread's dispatch-mode stack only, for the length of the
+    call, and popped with ``pop``, so it sees that task's draws and no other thread's, and
+    whether a task draws never depends on timing. It is pushed with torch's stack
+    functions, not ``with observer:``, which would also set process-wide flags that change
+    how ``torch.compile`` runs on other threads; it declares ``ignore_compile_internals``,
+    so compiled code on its own thread compiles and runs as without it (the seeds a
+    compiled graph draws are seen). Higher-order operators (``torch.cond`` & co.) pass
+    through it as they are; draws inside them are not seen.
+    """
+
+    supports_higher_order_operators = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:  # typed, for the subclasses of modules mypy checks strictly
+        super().__init_subclass__(**kwargs)
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (),
+                           kwargs: Optional[Dict[str, Any]] = None) -> Any:
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if draws_nothing(func):  # the common case: an operator known to draw nothing
+            return result
+        key = drawn_from(func, args, kwargs, result)
+        if key is not None:
+            self.drew(key)
+        return result
+
+    def drew(self, key: GeneratorKey) -> None:
+        """One draw from the generator ``key``, by an operator run while this observer was pushed."""
+
+
+push: Callable[[DrawObserver], None] = torch._C._push_on_torch_dispatch_stack  # this thread's stack only
+pop: Callable[[None], Any] = torch._C._pop_torch_dispatch_stack
 
 
 _Snapshot = Tuple[Dict[str, Tuple[Optional[torch.Tensor], int]], Dict[int, str], Dict[int, str], List[Any]]
@@ -181,6 +286,7 @@ class StateRecorder:
         self.existing_by_key = {storage_key(t): t for t in self.existing}
         self.unnamed: Dict[int, str] = {}
         self.state: Set[str] = {name for name, _ in self.ios}
+        self.generators = {key: name for key, (name, _) in named_generators(self.roots).items()}
 
     def _snapshot(self) -> _Snapshot:
         slots, params = named_slots(self.roots)
@@ -213,8 +319,9 @@ class StateRecorder:
         existing_versions = [_version(t) for t in self.existing]
         storages: List[Tuple[int, str]] = []
         grads: List[Tuple[torch.Tensor, str]] = []
+        draws: List[GeneratorKey] = []
         with _GradSlots(lambda t, kind: grads.append((t, kind))), _OperatorAccess(
-                lambda key, kind: storages.append((key, kind))):
+                lambda key, kind: storages.append((key, kind)), draws.append):
             call()
         after = self._snapshot()
         named = {**after[1], **before[1]}
@@ -235,6 +342,10 @@ class StateRecorder:
         for (name, _), was, now in zip(self.ios, before[3], after[3]):
             if not _same(was, now):
                 noted.append((WRITE, name))
+        for drawn in dict.fromkeys(draws):
+            generator = generator_name(drawn, self.generators)
+            if generator is not None:
+                noted.append((DRAW, generator))
         for kind, name in noted:
             access.note(kind, name)
             self.state.add(name)

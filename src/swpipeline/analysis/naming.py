@@ -82,7 +82,8 @@ def _is_engine(obj: Any) -> bool:
 
 
 def find_roots(functions: Iterable[Any], named: Mapping[str, Any]) -> Dict[str, Any]:
-    """Modules, optimizers and tensors reachable from ``functions`` (breadth first: the shortest name wins)."""
+    """Modules, optimizers, tensors and generators reachable from ``functions`` (breadth first: the shortest name
+    wins)."""
     found: Dict[str, Any] = {}
     seen: Set[int] = set()
     queue: Deque[Tuple[Any, str, int]] = deque((obj, name, 0) for name, obj in named.items())
@@ -92,7 +93,7 @@ def find_roots(functions: Iterable[Any], named: Mapping[str, Any]) -> Dict[str, 
         if id(obj) in seen or obj is None:
             continue
         seen.add(id(obj))
-        if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, torch.Tensor)):
+        if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Generator)):
             if path:
                 found.setdefault(path, obj)
             continue

@@ -15,32 +15,47 @@ gone. :class:`Placement` says when it holds; :mod:`analysis` reports a conflict 
 only by it as a warning, and :class:`RaceChecker` logs it (raises with ``strict=True``).
 
 **The checker** wraps task functions: each call runs on a recording view of its context
-that notes every attribute read, write and delete with the (task, iteration) making it.
-Two accesses to one attribute conflict when one of them writes (or deletes); a conflict
-that no happens-before chain orders raises :class:`RaceError` in the task making the
-second access, naming both tasks, the attribute and both iterations. The verdict does
-not depend on timing: a missing dependency is reported on the first iteration in which
-both tasks touch the attribute, even when the run happened to order them correctly.
+that notes every attribute read, write and delete with the (task, iteration) making it,
+every value read that the call changed in place (``inplace.py``: a write), a look at
+every attribute at once (``vars(ctx)`` iterated or copied: a read of each), and, through a
+dispatch mode on the calling thread only, every generator a random operator drew from
+(``generators.py``). Two accesses to one attribute conflict when one of them writes (or
+deletes); two draws from one generator always conflict, in any two iterations. A
+conflict that no happens-before chain orders raises :class:`RaceError` in the task making
+the second access, naming both tasks, the attribute or generator and both iterations.
+
+**The verdict does not depend on timing.** Each access is first appended to its log, then
+compared with everything already there (appends are atomic under the GIL), so of two
+conflicting accesses the later one always sees the earlier, whichever it is: a missing
+dependency on an attribute is reported on the first iteration in which both tasks touch
+it, even when the run happened to order them correctly. A generator's log keeps, per
+task, its last few iterations; comparing a draw with another task's latest one is enough
+to find a race, since that task's earlier draws happen before its latest. A context for
+an iteration number the checker has already seen starts a new run, which empties the
+generator logs.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
+
 from .. import ordering
-from .access import DELETE, ENGINE_FIELDS, READ, WRITE
+from .access import DELETE, DRAW, MUTATE, READ, pop, push
+from .checked_call import EVERY, Access, CheckedJournal, CheckedView, Log, Unit, new_view, set_journal
+from .generators import GeneratorKey, generator_name, named_generators
+from .naming import find_roots
 from ..plan import IterContext, PipelinePlan, PipelineTask
-from ..shortcut import _Journal, _RecordingView
 
 __all__: List[str] = []
 
 logger = logging.getLogger("swpipeline")
 
-Unit = Tuple[int, int]  # (task index in the plan, iteration)
+_DRAWS_KEPT = 8  # iterations of draws kept per task and generator (the latest alone would find every race)
+
 
 
 class HappensBefore:
@@ -137,7 +152,12 @@ def stream_label(key: Any) -> str:
 
 
 class RaceError(RuntimeError):
-    """Two tasks touched one context attribute, at least one writing, with no dependency ordering them."""
+    """Two tasks touched one context attribute, at least one writing, or drew from one random generator, with no
+    dependency ordering them.
+
+    ``attribute`` is what they touched (``ctx.x``, ``torch.default_generator``); ``first`` and
+    ``second`` are the two ``(task, iteration)`` in the order a serial run runs them.
+    """
 
     def __init__(self, message: str, attribute: str, first: Tuple[str, int], second: Tuple[str, int]) -> None:
         super().__init__(message)
@@ -165,45 +185,29 @@ def dependency_fix(stage: Mapping[str, int], task: str, dep: str, distance: int)
     return f'add ("{task}", "{dep}") to {where}' + (f" and {moves}" if moves else "")
 
 
-_VERBS = {READ: "reads", DELETE: "deletes"}
+_DOES = {READ: "reads {}", DELETE: "deletes {}", MUTATE: "changes {} in place", DRAW: "draws from {}"}
+_DID = {READ: "reads", DELETE: "deletes", MUTATE: "changes in place", DRAW: "draws from"}
 
 
 def conflict_clause(first: str, first_kind: str, second: str, second_kind: str, attribute: str) -> str:
     """``'B' (iteration i) reads ctx.x, which 'A' (iteration j) writes``, from the access kinds."""
-    verb_a, verb_b = _VERBS.get(first_kind, "writes"), _VERBS.get(second_kind, "writes")
+    did_a = _DID.get(first_kind, "writes")
+    does_b = _DOES.get(second_kind, "writes {}").format(attribute)
     if second_kind == READ:
-        return f"{second} reads {attribute}, which {first} {verb_a}"
+        return f"{second} {does_b}, which {first} {did_a}"
     if first_kind == READ:
-        return f"{second} {verb_b} {attribute}, which {first} reads"
-    return f"{second} {verb_b} {attribute}, which {first} also {verb_a}"
+        return f"{second} {does_b}, which {first} reads"
+    return f"{second} {does_b}, which {first} also {did_a}"
 
 
-_Access = Tuple[Unit, str]
-
-
-class _CheckedJournal(_Journal):
-    """The recording view's journal for one call of a wrapped task: every access goes to the checker."""
-
-    def __init__(self, target: IterContext, checker: "RaceChecker", log: Dict[str, List[_Access]],
-                 unit: Unit) -> None:  # noqa: the journal's own records are not kept
-        self.target, self.checker, self.log, self.unit = target, checker, log, unit
-
-    def read(self, name: str) -> None:
-        if name not in ENGINE_FIELDS:
-            self.checker._access(self.log, name, self.unit, READ)
-
-    def touch(self, name: str) -> None:
-        return None
-
-    def write(self, name: str, value: Any) -> None:
-        self.checker._access(self.log, name, self.unit, WRITE)
-
-    def delete(self, name: str) -> None:
-        self.checker._access(self.log, name, self.unit, DELETE)
+def draw_hint(generator: str) -> str:
+    """The other way out of a conflict on a generator: a generator of one task's own."""
+    return (f"; or keep their random numbers apart: let one of the two draw from a generator of its own "
+            f"(swpipeline.task_generator) instead of {generator}")
 
 
 class RaceChecker:
-    """Checks every context access of the wrapped task functions against a plan's dependencies.
+    """Checks every context access and every draw of the wrapped task functions against a plan's dependencies.
 
     Args:
         plan: the plan whose tasks are wrapped; its dependencies define happens-before.
@@ -214,8 +218,11 @@ class RaceChecker:
         TypeError: ``plan`` is not a PipelinePlan.
         ValueError: the plan breaks a stage rule.
 
-    Overhead: a recording view per task call and, per context access, a lock and a few
-    lookups: a few microseconds per access (``benchmarks/race_check_overhead.py``).
+    What it sees: context attributes read, written, deleted or changed in place (a tensor's
+    version counter, a container's items), and draws from the default generators and from
+    explicit generators the task functions reach. Overhead: a recording view and a
+    dispatch mode per task call, a few microseconds per context access, and a Python call
+    per torch operator while a task runs: for tests.
     """
 
     def __init__(self, plan: PipelinePlan, *, strict: bool = False) -> None:
@@ -229,15 +236,20 @@ class RaceChecker:
         self._serial = {name: k for k, name in enumerate(ordering.serial_order(plan))}
         self._happens_before = HappensBefore.of_plan(plan)
         self._placement = Placement(plan)
-        self._logs: Dict[int, Tuple["weakref.ref[IterContext]", Dict[str, List[_Access]]]] = {}  # by id(ctx)
-        self._lock = threading.Lock()
+        self._logs: Dict[int, Tuple["weakref.ref[IterContext]", Log]] = {}  # by id(ctx)
+        self._lock = threading.RLock()  # _draw reports (and may warn) while holding it
+        self._sweep_at = 64  # the number of logs at which those of dead contexts are dropped
         self._warned: Set[Tuple[str, str, int, str]] = set()
         self._verdicts: Dict[Tuple[int, int, int], bool] = {}
+        self._newest = -1  # the highest iteration a context was first seen for: a lower one starts a new run
+        self._draws: Dict[str, Dict[int, Dict[int, None]]] = {}  # generator -> task -> its last iterations
+        self._generators: Optional[Dict[int, str]] = None  # explicit generators the task functions reach, by address
+        self._kept: List[Any] = []  # those generators, alive, so that their addresses stay theirs
         self.warnings: List[str] = []  # conflicts only the placement orders, once each
 
     def wrap(self, task: Union[PipelineTask, str],
              fn: Optional[Callable[[IterContext], Any]] = None) -> Callable[[IterContext], Any]:
-        """``fn`` (by default the task's own function) with every context access checked.
+        """``fn`` (by default the task's own function) with every context access and draw checked.
 
         Args:
             task: the plan's task (or its name) the accesses are attributed to.
@@ -259,38 +271,88 @@ class RaceChecker:
         index = self._index[name]
 
         def checked(ctx: IterContext) -> Any:
-            return run(_RecordingView(_CheckedJournal(ctx, self, self._log_of(ctx), (index, ctx.iter_idx))))
+            found = self._logs.get(id(ctx))
+            log = found[1] if found is not None and found[0]() is ctx else self._log_of(ctx)
+            journal = CheckedJournal(ctx, self, log, (index, ctx.iter_idx))
+            view = new_view(CheckedView)
+            set_journal(view, journal)  # CheckedView(journal), without a Python call
+            push(journal)  # it sees the draws of this call, on this thread
+            try:
+                result = run(view)
+            finally:
+                pop(None)
+            if journal.values is not None:
+                journal.finish()
+            return result
 
         checked.__name__ = f"race_checked_{name}"
         return checked
 
-    def _log_of(self, ctx: IterContext) -> Dict[str, List[_Access]]:
-        """The access log of one context; it goes when the context does."""
-        found = self._logs.get(id(ctx))
-        if found is not None and found[0]() is ctx:
-            return found[1]
+    def _log_of(self, ctx: IterContext) -> Log:
+        """The access log of one context, made when the context is first seen; it goes some time after the context
+        does (dead contexts are swept whenever the number of logs has doubled)."""
         with self._lock:
             found = self._logs.get(id(ctx))
             if found is None or found[0]() is not ctx:
-                found = self._logs[id(ctx)] = (weakref.ref(ctx, functools.partial(self._forget, id(ctx))), {})
+                if len(self._logs) >= self._sweep_at:
+                    self._logs = {k: v for k, v in self._logs.items() if v[0]() is not None}
+                    self._sweep_at = max(64, 2 * len(self._logs))
+                found = self._logs[id(ctx)] = (weakref.ref(ctx), {})
+                if ctx.iter_idx <= self._newest:  # contexts are first seen in iteration order within a run
+                    self._draws.clear()
+                self._newest = ctx.iter_idx
             return found[1]
 
-    def _forget(self, key: int, ref: "weakref.ref[IterContext]") -> None:
-        found = self._logs.get(key)
-        if found is not None and found[0] is ref:
-            del self._logs[key]
+    def _compare(self, log: Log, attr: Any, entries: List[Access], access: Access) -> None:
+        """Raise (or warn) for each logged access that conflicts with ``access`` and is not ordered with it.
 
-    def _access(self, log: Dict[str, List[_Access]], attr: str, unit: Unit, kind: str) -> None:
+        ``entries`` is the log of ``attr`` (``access`` is in it); a write is also compared with
+        the looks at every attribute (``EVERY``), and such a look with every write.
+        """
+        if attr is EVERY:
+            for name, others in list(log.items()):
+                if name is not EVERY:
+                    self._compare(log, name, others, (access[0], READ))
+            return
+        unit, kind = access
+        verdicts = self._verdicts
+        for other, other_kind in entries:
+            if other == unit or (kind == READ and other_kind == READ):
+                continue
+            verdict = verdicts.get((other[0], unit[0], unit[1] - other[1]))
+            if verdict is None:
+                verdict = self._ordered(other, unit)
+            if not verdict:
+                self._report(f"ctx.{attr}", (other, other_kind), access)
+        if kind != READ and EVERY in log:
+            for other, _ in log[EVERY]:
+                if other != unit and not self._ordered(other, unit):
+                    self._report(f"ctx.{attr}", (other, READ), access)
+
+    def _draw(self, key: GeneratorKey, unit: Unit) -> None:
+        """Log a draw from a generator; compare it with every other task's draws in the iterations around it."""
+        if isinstance(key, int) and self._generators is None:
+            found = named_generators(find_roots([t.fn for t in self.plan.tasks], {}))
+            self._kept = [g for _, g in found.values()]
+            self._generators = {k: name for k, (name, _) in found.items()}
+        generator = generator_name(key, self._generators or {})
+        if generator is None:
+            return
+        task, iteration = unit
         with self._lock:
-            entries = log.get(attr)
-            if entries is None:
-                log[attr] = [(unit, kind)]
+            by_task = self._draws.setdefault(generator, {})
+            mine = by_task.setdefault(task, {})
+            if iteration in mine:
                 return
-            for other, other_kind in entries:
-                if other != unit and (kind != READ or other_kind != READ) and not self._ordered(other, unit):
-                    self._report(f"ctx.{attr}", (other, other_kind), (unit, kind))
-            if (unit, kind) not in entries:
-                entries.append((unit, kind))
+            mine[iteration] = None
+            if len(mine) > _DRAWS_KEPT:
+                del mine[next(iter(mine))]
+            for other, seen in list(by_task.items()):
+                if other == task:
+                    continue
+                for j in (iteration, iteration - 1, iteration + 1, next(reversed(seen))):
+                    if j in seen and not self._ordered((other, j), unit):
+                        self._report(generator, ((other, j), DRAW), (unit, DRAW))
 
     def _ordered(self, one: Unit, other: Unit) -> bool:
         """Whether happens-before orders two units (either way); remembered per (task, task, iteration distance)."""
@@ -302,7 +364,7 @@ class RaceChecker:
                 self._names[first[0]], self._names[second[0]], second[1] - first[1])
         return verdict
 
-    def _report(self, attribute: str, one: _Access, other: _Access) -> None:
+    def _report(self, attribute: str, one: Access, other: Access) -> None:
         """Raise for two conflicting accesses that happens-before does not order (or warn, see the class)."""
         (first, first_kind), (second, second_kind) = sorted(
             (one, other), key=lambda a: (a[0][1], self._serial[self._names[a[0][0]]]))
@@ -310,18 +372,22 @@ class RaceChecker:
         distance = second[1] - first[1]
         clause = conflict_clause(f"{a!r} (iteration {first[1]})", first_kind, f"{b!r} (iteration {second[1]})",
                                  second_kind, attribute)
-        fix = dependency_fix(self._placement.stage, b, a, distance)
+        fix = dependency_fix(self._placement.stage, b, a, distance) + (
+            draw_hint(attribute) if first_kind == DRAW else "")
         placed = self._placement.before(a, b, distance)
         if placed and not self.strict:
             key = (a, b, min(distance, 2), attribute)
-            if key not in self._warned:
+            with self._lock:
+                if key in self._warned:
+                    return
                 self._warned.add(key)
                 shared = self._placement.shared(a, b)
                 message = (f"{clause}; only the placement orders the two (both on {shared}), so another thread "
                            f"group or stream would race: {fix}")
                 self.warnings.append(message)
-                logger.warning("swpipeline race check: %s", message)
+            logger.warning("swpipeline race check: %s", message)
             return
         runs_first = f"; this placement runs {b!r} first" if placed is False else ""
         raise RaceError(f"race on {attribute}: {clause}, and no declared dependency orders the two (a serial run "
                         f"runs {a!r} first{runs_first}): {fix}", attribute, (a, first[1]), (b, second[1]))
+

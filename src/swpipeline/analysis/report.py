@@ -5,12 +5,14 @@ One iteration runs serially (the plan's serial order, the caller's thread) while
 a name when both touch it and at least one writes it: read-after-write (RAW),
 write-after-read (WAR) or write-after-write (WAW), from the serial order's point of view.
 
-* Context attributes belong to one iteration: they conflict within it (intra).
+* Context attributes belong to one iteration: they conflict within it (intra). A value
+  changed in place writes the attribute it was read from; reading ``vars(ctx)`` as a
+  whole reads every attribute a task of the iteration writes.
 * State outside the context (parameters, ``.grad``, optimizer state, buffers,
-  ``DeclaredIO`` state) is shared: it conflicts within an iteration and between
-  consecutive ones (inter: the task of iteration i against the task of i-1). Longer
-  distances need no check: a chain through the writer's own iterations orders them
-  once every consecutive pair is ordered.
+  ``DeclaredIO`` state, random generators, which every draw reads and advances) is
+  shared: it conflicts within an iteration and between consecutive ones (inter: the
+  task of iteration i against the task of i-1). Longer distances need no check: a chain
+  through the writer's own iterations orders them once every consecutive pair is ordered.
 
 A conflict is fine when the declared dependencies order it (transitively, see
 ``races.HappensBefore``). One ordered only by the placement (the same thread group
@@ -27,10 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .. import ordering
-from .access import DELETE, READ, WRITE, IterationAccess, StateRecorder, TaskAccess, recording_view
+from .access import DRAW, READ, READ_ALL, IterationAccess, StateRecorder, TaskAccess, recording_view
 from ..errors import annotate, stop_iteration_error
 from ..plan import IterContext, NamedOnlyTask, PipelinePlan, PipelineTask
-from .races import HappensBefore, Placement, conflict_clause, dependency_fix
+from .races import HappensBefore, Placement, conflict_clause, dependency_fix, draw_hint
 
 __all__: List[str] = []
 
@@ -52,9 +54,26 @@ def record_iteration(tasks: Sequence[PipelineTask], batch: Any, warmup: int = 0,
     accesses: Dict[str, TaskAccess] = {}
     for task in tasks:
         access = accesses[task.name] = TaskAccess()
-        view = recording_view(ctx, functools.partial(_note_attribute, access))
-        _call(task, functools.partial(recorder.run, task, functools.partial(task.fn, view), access), warmup)
+        view, finish = recording_view(ctx, functools.partial(_note_attribute, access))
+        _call(task, functools.partial(recorder.run, task, functools.partial(_then, task.fn, view, finish), access),
+              warmup)
+    _settle_context(accesses)
     return IterationAccess([t.name for t in tasks], accesses, recorder.state)
+
+
+def _then(fn: Callable[[IterContext], Any], view: IterContext, finish: Callable[[], None]) -> None:
+    fn(view)
+    finish()
+
+
+def _settle_context(accesses: Mapping[str, TaskAccess]) -> None:
+    """Reading every attribute at once reads each one any task writes; ``ctx.batch`` counts once a task changes it."""
+    changed = {n for a in accesses.values() for n in a.writes | a.deletes if n.startswith("ctx.")}
+    for access in accesses.values():
+        if access.reads_all:
+            access.reads |= changed - {"ctx.batch"}
+        if "ctx.batch" not in changed:
+            access.reads.discard("ctx.batch")
 
 
 def _call(task: PipelineTask, call: Callable[[], Any], iter_idx: int) -> None:
@@ -68,21 +87,17 @@ def _call(task: PipelineTask, call: Callable[[], Any], iter_idx: int) -> None:
 
 
 def _note_attribute(access: TaskAccess, kind: str, name: str) -> None:
-    access.note(kind, f"ctx.{name}")
-
-
-def _modify_kind(access: TaskAccess, name: str) -> str:
-    return DELETE if name in access.deletes and name not in access.writes else WRITE
+    access.note(kind, "" if kind == READ_ALL else f"ctx.{name}")
 
 
 def _hazard(first: TaskAccess, second: TaskAccess, name: str) -> Optional[Tuple[str, str]]:
     """How ``first`` and then ``second`` touch ``name`` in a conflict (WAR before RAW before WAW), or None."""
     if second.modifies(name) and name in first.reads:
-        return READ, _modify_kind(second, name)
+        return READ, second.modify_kind(name)
     if name in second.reads and first.modifies(name):
-        return _modify_kind(first, name), READ
+        return first.modify_kind(name), READ
     if first.modifies(name) and second.modifies(name):
-        return _modify_kind(first, name), _modify_kind(second, name)
+        return first.modify_kind(name), second.modify_kind(name)
     return None
 
 
@@ -155,7 +170,7 @@ class PlanAnalysis:
     iter_idx: int
     order: List[str]
     reads: Dict[str, Set[str]]
-    writes: Dict[str, Set[str]]  # assigned, modified in place or deleted
+    writes: Dict[str, Set[str]]  # assigned, modified in place, drawn from (a generator) or deleted
     state: Set[str]  # the names outside the context
     missing_deps: List[Entry] = field(default_factory=list)
     warnings: List[Entry] = field(default_factory=list)
@@ -275,6 +290,8 @@ def classify(plan: PipelinePlan, required: Dict[Edge, List[Touch]]) -> Tuple[Lis
         later = "i+1" if distance else "i"
         clauses = conflict_text(task, dep, required[edge])
         fix = dependency_fix(placement.stage, task, dep, distance)
+        drawn = [name for name, dep_kind, _ in required[edge] if dep_kind == DRAW]
+        fix += draw_hint(drawn[0]) if drawn else ""
         if is_missing:
             verb = "runs" if placement.before(dep, task, distance) is False else "may run"
             reason = f"{clauses}; in a pipelined run {task}({later}) {verb} before {dep}(i): {fix}"

@@ -13,6 +13,12 @@ The swap of one batch (``swap``), run by the swap task with the swap stream curr
     2. gather the incoming rows and state from the host rows, copy them to the
        device, and write them into their slots (the "swap in").
 
+A plan with a late part (``SwapPlan.num_late``: the batch did not fit beside the
+previous one) moves its last ``num_late`` rows later, in ``finish_swap``, which the
+batch's training step calls first, once the previous batch has trained (``directory.py``).
+Swaps run in plan order: the swap of batch j+1 starts after batch j's training step
+began, hence after batch j's late part.
+
 Only the swap changes which row is resident (``resident_ids``); it holds the cache's
 lock while it does, and so do ``full_weight`` and ``lookup``, which read both places.
 Row *values* in the cache are also changed by the training step (``write``), which the
@@ -54,6 +60,7 @@ class RowCache:
         self.resident_ids = torch.full((cache_rows,), -1, dtype=torch.int64)  # slot -> row it holds, -1: free
         self.resident_slot = torch.full((weight.shape[0],), -1, dtype=torch.int64)  # row -> slot, -1: on host
         self.batches_swapped = 0
+        self.pending_late: Optional[SwapPlan] = None  # the swapped batch whose late part has not run yet
         self.lock = threading.Lock()
 
     def __getstate__(self) -> Dict[str, Any]:
@@ -87,19 +94,43 @@ class RowCache:
     # -- the swap -------------------------------------------------------------------------------
 
     def swap(self, plan: SwapPlan) -> None:
-        """Swap out ``plan``'s evicted rows and swap in its incoming ones (on the current stream)."""
+        """Swap out ``plan``'s evicted rows and swap in its incoming ones (on the current stream), but its late part."""
         with self.lock:
-            if plan.batch != self.batches_swapped:
+            if plan.batch != self.batches_swapped or self.pending_late is not None:
                 raise RuntimeError(f"table {plan.table!r}: the swap of batch {plan.batch} ran after "
-                                   f"{self.batches_swapped} swaps; swaps must run in the order they were planned")
-            if plan.num_evicted:
-                self._swap_out(plan.evict_ids, plan.evict_slots)
-            if plan.num_loaded:
-                self._swap_in(plan.load_ids, plan.load_slots)
-            self.resident_slot[plan.evict_ids] = -1
-            self.resident_ids[plan.load_slots] = plan.load_ids
-            self.resident_slot[plan.load_ids] = plan.load_slots
+                                   f"{self.batches_swapped} swaps (late part pending: "
+                                   f"{self.pending_late is not None}); swaps must run in the order they were planned")
+            self._move(plan, slice(0, plan.num_evicted - plan.num_late), slice(0, plan.num_loaded - plan.num_late))
             self.batches_swapped += 1
+            self.pending_late = plan if plan.num_late else None
+
+    def finish_swap(self, plan: SwapPlan) -> None:
+        """The late part of ``plan``'s swap, if it has one (after the previous batch's update, on the current stream)."""
+        if not plan.num_late:
+            return
+        with self.lock:
+            if self.pending_late is not plan:
+                raise RuntimeError(f"table {plan.table!r}: the late part of batch {plan.batch}'s swap ran out of "
+                                   f"order (after {self.batches_swapped} swaps); it must follow that batch's swap")
+            self._move(plan, slice(plan.num_evicted - plan.num_late, None),
+                       slice(plan.num_loaded - plan.num_late, None))
+            self.pending_late = None
+
+    def _move(self, plan: SwapPlan, evicted: slice, loaded: slice) -> None:
+        evict_ids, evict_slots = plan.evict_ids[evicted], plan.evict_slots[evicted]
+        load_ids, load_slots = plan.load_ids[loaded], plan.load_slots[loaded]
+        if evict_ids.numel():
+            self._swap_out(evict_ids, evict_slots)
+        if load_ids.numel():
+            self._swap_in(load_ids, load_slots)
+        self.resident_slot[evict_ids] = -1
+        self.resident_ids[load_slots] = load_ids
+        self.resident_slot[load_ids] = load_slots
+
+    def forget_pending(self) -> None:
+        """A run ended: a late part that never ran is dropped (its rows stay where they are)."""
+        with self.lock:
+            self.pending_late = None
 
     def _swap_out(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
         on_device = slots.to(self.device, non_blocking=True)
@@ -190,6 +221,7 @@ class RowCache:
                 self._swap_out(self.resident_ids[slots], slots)
             self.resident_slot.fill_(-1)
             self.resident_ids.fill_(-1)
+            self.pending_late = None
             if weight is not None:
                 self.host_weight.copy_(weight)
             if state is not None and self.host_state is not None:

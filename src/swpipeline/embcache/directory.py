@@ -6,25 +6,33 @@ task moves the values later, ``cache.py``). Batches are planned one at a time, i
 order, on one thread.
 
 **Pinning.** The swap of batch j runs while batch j-1 trains (that overlap is the
-point of the pipeline), so batch j may not evict a row that batch j-1 uses: that row
-is still to be read and updated. Planning batch j therefore treats the slots of
-batches j-1 and j as pinned, and may evict any other slot (free slots first, then
-the least recently used). Rows of batch j-2 and older are safe to evict: the plan
-runs the swap of batch j only after batch j-1 has read its rows, hence after batch
-j-2's update (``stages.py``)::
+point of the pipeline), so that swap may not evict a row that batch j-1 uses: that
+row is still to be read and updated. Planning batch j therefore keeps batch j's own
+rows and evicts other slots, free slots first, then the least recently used (ties by
+slot number). Rows of batch j-2 and older are safe to evict at once: the plan runs the
+swap of batch j only after batch j-1 has read its rows, hence after batch j-2's update
+(``stages.py``)::
 
     period        p                        p+1
-    default       Lookup(j-1) Fwd Bwd Upd  | Lookup(j) Fwd Bwd Upd
+    default       Lookup(j-1) Fwd Bwd Upd  | [late(j)] Lookup(j) Fwd Bwd Upd
     swap          Swap(j) ------------     | Swap(j+1) -----------
                   evicts neither j-1's rows nor j's; moves rows last updated by j-2 or earlier
 
-So two consecutive batches must fit in the cache together: ``cache_rows >= |rows(j-1)
-u rows(j)|`` for every j, and a plan that cannot place its rows raises ``ValueError``
-naming the smallest ``cache_rows`` that would have worked for that pair.
+**When two batches do not fit together** (``|rows(j-1) u rows(j)| > cache_rows``),
+the rows of batch j-1 that batch j does not use are evicted too, but *late*: the
+swap of batch j moves what it can at once, and the rest of its rows (``num_late``,
+always the last victims in least-recently-used order, which are exactly the slots of
+batch j-1) are moved by batch j's own training step, at the start of its ``Lookup``,
+which the plan runs after batch j-1's update. That is the only wait, and it is one the
+plan already declares (``Lookup(j) <- SparseUpdate(j-1)``): a batch that does not fit
+beside the previous one costs lookahead, never a deadlock. A batch whose own distinct
+rows exceed ``cache_rows`` cannot be trained through the cache; planning it raises
+``ValueError`` before anything of it runs, naming the size that would hold it.
 
-Guarantees: a planned batch's rows are all resident once its swap has run; a slot
-holds at most one row and a row at most one slot; the decisions depend only on the
-sequence of batches, so a serial and a pipelined run make the same ones.
+Guarantees: a planned batch's rows are all resident once its swap (and its late part)
+has run; a slot holds at most one row and a row at most one slot; the decisions depend
+only on the sequence of batches, so a serial and a pipelined run make the same ones;
+when every two consecutive batches fit together, no swap has a late part.
 """
 
 from __future__ import annotations
@@ -51,6 +59,9 @@ class SwapPlan:
         load_ids, load_slots: the rows swapped in (absent before), and where they go.
         evict_ids, evict_slots: the rows swapped out (written back to host memory) to make room.
         num_ids: how many ids the batch looks up, repeats included.
+        num_late: how many of the swapped rows are moved late, by the batch's own training step
+            once the previous batch has trained (the last ``num_late`` entries of ``load_ids`` /
+            ``load_slots`` and of ``evict_ids`` / ``evict_slots``); 0 when the two batches fit together.
     """
 
     table: str
@@ -62,6 +73,7 @@ class SwapPlan:
     evict_ids: torch.Tensor
     evict_slots: torch.Tensor
     num_ids: int
+    num_late: int = 0
 
     @property
     def num_unique(self) -> int:
@@ -79,6 +91,11 @@ class SwapPlan:
     def num_hits(self) -> int:
         """Distinct ids of the batch that were already in the cache."""
         return self.num_unique - self.num_loaded
+
+    @property
+    def waits(self) -> bool:
+        """Whether part of the swap waits for the previous batch's training (the two did not fit together)."""
+        return self.num_late > 0
 
 
 class CacheDirectory:
@@ -102,14 +119,22 @@ class CacheDirectory:
         """Plan the next batch, whose distinct ids (ascending, in range) are ``unique_ids``.
 
         Raises:
-            ValueError: the cache cannot hold this batch's rows together with the previous batch's.
+            ValueError: the batch alone has more distinct ids than the cache has slots (nothing is
+                changed: the directory is as before the call).
         """
         j = self.batches
+        if unique_ids.numel() > self.cache_rows:
+            raise ValueError(
+                f"cache_rows={self.cache_rows} of table {self.name!r} is too small for this batch: it looks up "
+                f"{unique_ids.numel()} distinct ids ({num_ids} ids in all), and all the rows a batch trains on must "
+                f"be in the cache at once; use cache_rows >= {unique_ids.numel()} (more, e.g. the distinct rows of "
+                f"two consecutive batches, keeps every swap overlapped with the training), or smaller batches")
         slots = self.slot_of.index_select(0, unique_ids)
         miss = slots < 0
         load_ids = unique_ids[miss]
         self.last_use[slots[~miss]] = j  # pin the hits first: they must not be chosen as victims
-        victims = self._victims(j, load_ids.numel(), unique_ids.numel())
+        victims = self._victims(j, load_ids.numel())
+        num_late = int((self.last_use.index_select(0, victims) == j - 1).sum()) if j > 0 else 0
         previous = self.id_in_slot.index_select(0, victims)
         occupied = previous >= 0
         evict_ids, evict_slots = previous[occupied], victims[occupied]
@@ -119,22 +144,19 @@ class CacheDirectory:
         self.last_use[victims] = j
         slots[miss] = victims
         self.batches = j + 1
-        return SwapPlan(self.name, j, unique_ids, slots, load_ids, victims, evict_ids, evict_slots, num_ids)
+        return SwapPlan(self.name, j, unique_ids, slots, load_ids, victims, evict_ids, evict_slots, num_ids,
+                        num_late)
 
-    def _victims(self, j: int, needed: int, batch_rows: int) -> torch.Tensor:
-        """The ``needed`` slots to fill, least recently used first (free slots first; ties by slot number)."""
+    def _victims(self, j: int, needed: int) -> torch.Tensor:
+        """The ``needed`` slots to fill, least recently used first (free slots first; ties by slot number).
+
+        Every slot not holding a row of batch j may be chosen (there are enough: the caller checked
+        that the batch fits). Slots of batch j-1 come after every older one, so they are taken only
+        when the others do not suffice, and they end the returned order (the late part of the swap).
+        """
         if needed == 0:
             return torch.empty(0, dtype=torch.int64)
-        evictable = (self.last_use < j - 1).nonzero().squeeze(1)
-        if evictable.numel() < needed:
-            pinned = self.cache_rows - int(evictable.numel())
-            raise ValueError(
-                f"cache_rows={self.cache_rows} of table {self.name!r} is too small for the batches in flight: batch "
-                f"{j} needs {needed} more rows in the cache ({batch_rows} distinct ids, {batch_rows - needed} "
-                f"already there) but only {int(evictable.numel())} slots are free or evictable, because the "
-                f"{pinned} slots holding rows of batches {j - 1} and {j} stay pinned while batch {j - 1} trains "
-                f"during batch {j}'s swap; use cache_rows >= {pinned + needed} (the distinct rows of batches "
-                f"{j - 1} and {j} together), or smaller batches")
+        evictable = (self.last_use < j).nonzero().squeeze(1)
         # One key per slot, unique: least recently used first, then the lower slot number.
         keys = self.last_use.index_select(0, evictable) * self.cache_rows + evictable
         chosen = torch.topk(keys, needed, largest=False, sorted=True).indices

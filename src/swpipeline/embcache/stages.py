@@ -32,6 +32,9 @@ The dependencies that make this exact (besides each batch's chain through its st
   writes back has its last update (from batch i-1 or earlier) in it, and no row it
   overwrites is still to be read.
 * ``ZeroGrad(i+1)`` after ``DenseStep(i)``: the dense optimizer steps in batch order.
+* ``DenseStep(i)`` after ``SparseUpdate(i)`` (the same thread and stream, so it costs no
+  wait): a step's updates land in the same order in every engine and in ``run_serial``,
+  tables first, which is what lets ``steps.py`` keep every step whole.
 
 On a GPU each pair across streams is an event wait, so the swap stream waits for
 Lookup(i) only, never for the rest of batch i's compute.
@@ -84,7 +87,8 @@ def stage_labels(input_dist: bool) -> List[Tuple[str, Sequence[str]]]:
 
 INTRA: Tuple[Tuple[str, str], ...] = (
     ("Swap", "ComputeSwap"), ("Lookup", "Swap"), ("Forward", "ZeroGrad"), ("Forward", "Lookup"), ("Forward", "H2D"),
-    ("Backward", "Forward"), ("SparseUpdate", "Backward"), ("DenseStep", "Backward"),
+    ("Backward", "Forward"), ("SparseUpdate", "Backward"),
+    ("DenseStep", "SparseUpdate"),  # a step's updates land in one order everywhere: the tables, then the dense layers
 )
 INTER: Tuple[Tuple[str, str], ...] = (
     ("Lookup", "SparseUpdate"),  # batch i+1 sees batch i's updates of the rows they share

@@ -11,6 +11,10 @@ Definitions:
   (the first batches of a cold cache are misses);
 * *swapped in* / *swapped out*: rows copied from host to cache / written back from
   cache to host by a batch's swap;
+* *waited*: batches that did not fit in the cache beside the previous batch, so part of
+  their swap (*late* rows) waited until the previous batch had trained and ran in their
+  own training step, on the training thread (less lookahead, same results);
+  ``pair_rows`` is the cache size at which none would have waited;
 * a stage's *time* is the summed run time of its tasks' functions (on whichever
   thread ran them); in a pipelined run the stages overlap, so these add up to more
   than the wall time.
@@ -22,6 +26,8 @@ import statistics
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
+
+import torch
 
 from .directory import SwapPlan
 from ..tables import text_table as _table
@@ -38,6 +44,10 @@ class TableStats:
         ids: ids looked up, repeats included; ``unique``: distinct ids, summed over batches.
         hits: distinct ids already in the cache.
         swapped_in, swapped_out: per batch, rows swapped in / written back.
+        swapped_late: per batch, how many of its swapped-in rows waited for the previous batch's
+            training (0: the swap overlapped it entirely).
+        pair_rows: the most distinct ids two consecutive batches of the run had together: with
+            ``cache_rows`` at least this, no swap waits.
     """
 
     table: str
@@ -47,6 +57,13 @@ class TableStats:
     hits: int
     swapped_in: Tuple[int, ...]
     swapped_out: Tuple[int, ...]
+    swapped_late: Tuple[int, ...] = ()
+    pair_rows: int = 0
+
+    @property
+    def waited(self) -> int:
+        """Batches whose swap waited, in part, for the previous batch's training."""
+        return sum(1 for late in self.swapped_late if late)
 
     @property
     def hit_rate(self) -> float:
@@ -102,10 +119,15 @@ class EmbCacheStats:
     def format(self) -> str:
         head = (f"{self.mode} run: {self.steps} steps in {self.wall:.3f} s, {self.steps_per_second:.1f} steps/s")
         rows = [[t.table, str(t.batches), f"{t.ids / max(t.batches, 1):.1f}", f"{t.unique / max(t.batches, 1):.1f}",
-                 f"{t.hit_rate:.1%}", f"{t.swapped_in_per_batch:.1f}", f"{t.swapped_out_per_batch:.1f}"]
-                for t in self.tables]
+                 f"{t.hit_rate:.1%}", f"{t.swapped_in_per_batch:.1f}", f"{t.swapped_out_per_batch:.1f}",
+                 str(t.waited)] for t in self.tables]
         lines = [head, ""] + _table(["table", "batches", "ids/batch", "distinct/batch", "hit rate", "in/batch",
-                                     "out/batch"], rows, left=1)
+                                     "out/batch", "waited"], rows, left=1)
+        for t in self.tables:
+            if t.waited:
+                lines.append(f"{t.table}: {t.waited} of {t.batches} batches did not fit in the cache beside the "
+                             f"previous batch, so part of their swap waited for it to train (less overlap, same "
+                             f"results); cache_rows >= {t.pair_rows} keeps every swap overlapped")
         rows = [[s.stage, " ".join(s.tasks), f"{s.total:.3f}", f"{s.median_per_batch * 1e3:.3f}"]
                 for s in self.stages]
         lines += [""] + _table(["stage", "tasks", "total s", "median ms/batch"], rows, left=2)
@@ -113,6 +135,14 @@ class EmbCacheStats:
 
     def __str__(self) -> str:
         return self.format()
+
+
+def _pair_rows(plans: Sequence[SwapPlan]) -> int:
+    """The most distinct ids of two consecutive batches together (of one batch, for a single batch)."""
+    most = max((p.num_unique for p in plans), default=0)
+    for before, after in zip(plans, plans[1:]):
+        most = max(most, int(torch.unique(torch.cat([before.unique_ids, after.unique_ids])).numel()))
+    return most
 
 
 class RunRecorder:
@@ -147,7 +177,8 @@ class RunRecorder:
             tables.append(TableStats(
                 table=name, batches=len(plans), ids=sum(p.num_ids for p in plans),
                 unique=sum(p.num_unique for p in plans), hits=sum(p.num_hits for p in plans),
-                swapped_in=tuple(p.num_loaded for p in plans), swapped_out=tuple(p.num_evicted for p in plans)))
+                swapped_in=tuple(p.num_loaded for p in plans), swapped_out=tuple(p.num_evicted for p in plans),
+                swapped_late=tuple(p.num_late for p in plans), pair_rows=_pair_rows(plans)))
         stages = []
         for label, tasks in self.stages:
             runs = [list(self.seconds[t]) for t in tasks]

@@ -19,6 +19,7 @@ gradient for the table.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -65,8 +66,9 @@ class HostEmbeddingBag(torch.nn.Module):
     Args:
         num_embeddings: rows in the table.
         embedding_dim: the width of a row.
-        cache_rows: rows the device cache holds (1 .. num_embeddings). Two consecutive
-            batches must fit together: a batch's swap runs while the previous batch trains.
+        cache_rows: rows the device cache holds (1 .. num_embeddings). Each batch's distinct
+            ids must fit; a batch's swap runs while the previous batch trains as far as the two
+            fit together, the rest of it after that batch's update (less overlap, same results).
         mode: ``"sum"``, ``"mean"`` or ``"max"``, as ``nn.EmbeddingBag``.
         optimizer: ``"sgd"`` or ``"adagrad"``: the update of ``torch.optim.SGD`` /
             ``torch.optim.Adagrad`` with their defaults besides ``lr``, applied by the pipeline.
@@ -101,7 +103,9 @@ class HostEmbeddingBag(torch.nn.Module):
         self.table_name = "HostEmbeddingBag"  # its module name, once a pipeline adopts it
         self.directory = CacheDirectory(self.table_name, num_embeddings, cache_rows)
         self._active: Optional[BatchRows] = None  # set by the pipeline around the model's forward
-        self._run_owner: Optional[object] = None  # the pipeline whose run is in flight
+        # the pipeline whose run is in flight, held weakly: its worker threads reach this table, and they
+        # must not keep a pipeline nobody refers to alive (its engine then ends the run itself)
+        self._run_owner: Optional["weakref.ReferenceType[object]"] = None
 
     def __getstate__(self) -> Dict[str, Any]:
         """A copy (deepcopy, pickle) has the same rows and cache, and belongs to no pipeline run."""
@@ -151,7 +155,7 @@ class HostEmbeddingBag(torch.nn.Module):
         return tensor.detach().to("cpu", torch.float32)
 
     def _load(self, weight: Optional[torch.Tensor], state: Optional[torch.Tensor]) -> None:
-        if self._run_owner is not None:
+        if self._owner() is not None:
             raise RuntimeError(f"{self.table_name}: cannot load rows while a pipeline run is in flight; call the "
                                f"pipeline's reset() or finish the run (progress() until StopIteration) first")
         self.rows.load(weight, state)
@@ -166,16 +170,22 @@ class HostEmbeddingBag(torch.nn.Module):
         self.rows.attach(device)
 
     def begin_run(self, owner: object) -> None:
-        if self._run_owner is not None and self._run_owner is not owner:
+        current = self._owner()
+        if current is not None and current is not owner:
             raise RuntimeError(f"{self.table_name}: another pipeline's run is in flight on this table; finish "
                                f"it or call its reset() first")
-        self._run_owner = owner
+        self._run_owner = weakref.ref(owner)
+        self.rows.forget_pending()
         self.directory.resync(self.rows.resident_ids, self.rows.batches_swapped)
+
+    def _owner(self) -> Optional[object]:
+        return self._run_owner() if self._run_owner is not None else None
 
     def end_run(self, owner: object) -> None:
         """The run ended (finished, failed or reset): forget plans whose swap never ran."""
-        if self._run_owner is owner:
+        if self._owner() is owner:
             self._run_owner = None
+            self.rows.forget_pending()
             self.directory.resync(self.rows.resident_ids, self.rows.batches_swapped)
 
     def check_ids(self, ids: torch.Tensor, where: Optional[str] = None) -> torch.Tensor:
@@ -211,12 +221,14 @@ class HostEmbeddingBag(torch.nn.Module):
         """Pooled embeddings of the bags, as ``nn.EmbeddingBag.forward(input, offsets, per_sample_weights)``.
 
         Raises:
-            ValueError: ``input`` is neither 1-D with ``offsets`` nor 2-D without; inside a
-                pipeline step, the ids differ from those ``ids_of`` named, or the module is
-                called twice in one step.
+            ValueError: ``input`` is neither 1-D with ``offsets`` nor 2-D without; ``offsets``
+                do not start at 0, decrease or run past the ids; inside a pipeline step, the ids
+                differ from those ``ids_of`` named, or the module is called twice in one step.
         """
         flat, offsets = _bags(input, offsets)
         active = self._active
+        if input.dim() == 1 and (active is None or active.ids is not None):  # where the ids are checked too
+            check_offsets(offsets, flat.numel(), f"{self.table_name}.forward")
         if active is None:
             unique_ids, inverse = torch.unique(flat.to("cpu", torch.int64), sorted=True, return_inverse=True)
             weight = self.rows.lookup(self.check_ids(unique_ids, f"{self.table_name}.forward"))
@@ -263,6 +275,42 @@ class HostEmbeddingBag(torch.nn.Module):
                 load(state_dict[prefix + key])
             elif strict:
                 missing_keys.append(prefix + key)
+
+
+def check_offsets(offsets: object, num_ids: int, where: str) -> None:
+    """Refuse ``offsets`` that are not where each bag of ``num_ids`` ids starts: 0 first, never decreasing, in range.
+
+    ``nn.EmbeddingBag`` reads bag ``b`` as ids ``offsets[b]`` up to ``offsets[b+1]``; offsets that go
+    back would make bags overlap or run backwards, and the table would train on what they happen
+    to select.
+
+    Raises:
+        TypeError: not an integer tensor.
+        ValueError: not 1-D, not starting at 0, decreasing somewhere, or past the last id.
+    """
+    if not isinstance(offsets, torch.Tensor) or offsets.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{where}: offsets must be an int64 or int32 tensor (where each bag starts in the ids), "
+                        f"got {offsets.dtype if isinstance(offsets, torch.Tensor) else type(offsets).__name__}")
+    if offsets.dim() != 1:
+        raise ValueError(f"{where}: offsets must be 1-D (where each bag starts in the ids), got shape "
+                         f"{list(offsets.shape)}")
+    if not offsets.numel():
+        return
+    host = offsets.to("cpu", torch.int64).numpy()  # a few numpy operations: cheaper than torch's here
+    if host[0] != 0:
+        raise ValueError(f"{where}: offsets must start at 0 (the first bag starts at the first id), got "
+                         f"offsets[0]={int(host[0])}; prepend 0, e.g. offsets = cat([0], cumsum(lengths)[:-1])")
+    back = host[1:] < host[:-1]
+    if back.any():
+        b = int(back.argmax()) + 1
+        shown = host[max(b - 2, 0):b + 2].tolist()
+        raise ValueError(f"{where}: offsets must not decrease (each is where a bag starts in the ids), but "
+                         f"offsets[{b}]={int(host[b])} comes after offsets[{b - 1}]={int(host[b - 1])} "
+                         f"(offsets[{max(b - 2, 0)}:{b + 2}] = {shown}); give each bag's start in order, e.g. "
+                         f"offsets = cat([0], cumsum(lengths)[:-1]) for bags of the given lengths")
+    if host[-1] > num_ids:
+        raise ValueError(f"{where}: offsets[{host.size - 1}]={int(host[-1])} is past the end of the "
+                         f"{num_ids} ids; every bag must start at most at the number of ids")
 
 
 def _bags(input: torch.Tensor, offsets: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:

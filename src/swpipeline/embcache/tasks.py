@@ -10,9 +10,10 @@ Every function takes the batch's ``IterContext`` and keeps that batch's state on
     ctx.rows     table -> BatchRows: the rows gathered from the cache for forward and update
     ctx.loss, ctx.output   what the model returned
 
-Shared state (model, optimizers, tables, the run's recorder) is ``CacheTasks``'s. The
-engine runs each function with its stream current and after its dependencies, so no
-function waits for another itself.
+Shared state (model, optimizers, tables, the run's recorder, the step ledger and gate,
+``steps.py``) is ``CacheTasks``'s. The engine runs each function with its stream current
+and after its dependencies, so no function waits for another itself (a training task
+on a worker thread waits only at the gate, for the caller).
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from ..plan import IterContext
 from .batches import record_stream, to_device
 from .directory import SwapPlan
 from .input_dist import ReplicatedInputDist
+from .stages import TRAIN_TASKS
 from .stats import RunRecorder
-from .table import BatchRows, HostEmbeddingBag
+from .steps import StepLedger, TrainGate
+from .table import BatchRows, HostEmbeddingBag, check_offsets
 
 __all__: List[str] = []
 
@@ -52,6 +55,17 @@ class Placed:
     slots: torch.Tensor
     inverse: torch.Tensor
     ids: Optional[torch.Tensor]
+    swap: SwapPlan  # for its late part, moved by the lookup
+
+
+@dataclass(frozen=True)
+class RowUpdate:
+    """One table's updated rows (and optimizer state) of one batch, computed and not yet written."""
+
+    table: HostEmbeddingBag
+    slots: torch.Tensor
+    values: torch.Tensor
+    state: Optional[torch.Tensor]
 
 
 class CacheTasks:
@@ -78,6 +92,8 @@ class CacheTasks:
         self.input_dist = input_dist
         self.check_ids = check_ids
         self.recorder: Optional[RunRecorder] = None  # the current run's; set before the run starts
+        self.ledger = StepLedger()
+        self.gate: Optional[TrainGate] = None  # the current run's, when training runs on a worker thread
         self._by_name: Dict[str, TaskFn] = {
             "H2D": self.h2d, "InputDist": self.exchange_ids, "ComputeSwap": self.compute_swap, "Swap": self.swap,
             "ZeroGrad": self.zero_grad, "Lookup": self.lookup, "Forward": self.forward, "Backward": self.backward,
@@ -85,12 +101,15 @@ class CacheTasks:
         }
 
     def fn(self, name: str) -> TaskFn:
-        """Task ``name``'s function, timed into the current run's recorder."""
+        """Task ``name``'s function, timed into the current run's recorder (a training task behind the gate)."""
         body = self._by_name[name]
-
+        gated = name in TRAIN_TASKS
         clock = time.perf_counter
 
         def timed(ctx: IterContext) -> None:
+            gate = self.gate
+            if gated and gate is not None:
+                gate.wait(ctx.iter_idx)
             recorder = self.recorder
             start = clock()
             body(ctx)
@@ -120,7 +139,10 @@ class CacheTasks:
         ids = {}
         for name, value in named.items():
             raw = value[0] if isinstance(value, (tuple, list)) else value
-            ids[name] = self.tables[name].check_ids(raw)
+            where = f"ids_of(batch)[{name!r}]"
+            ids[name] = self.tables[name].check_ids(raw, where)
+            if isinstance(value, (tuple, list)) and len(value) > 1 and value[1] is not None:
+                check_offsets(value[1], ids[name].numel(), where)
         return ids
 
     def exchange_ids(self, ctx: IterContext) -> None:
@@ -153,7 +175,7 @@ class CacheTasks:
         for name, planned in ctx.plans.items():
             self.tables[name].rows.swap(planned.swap)
             placed[name] = Placed(self._to_device(planned.swap.slots), self._to_device(planned.inverse),
-                                  self._to_device(planned.ids) if self.check_ids else None)
+                                  self._to_device(planned.ids) if self.check_ids else None, planned.swap)
         ctx.placed = placed
         del ctx.plans
 
@@ -167,10 +189,15 @@ class CacheTasks:
             self.dense_optimizer.zero_grad()
 
     def lookup(self, ctx: IterContext) -> None:
-        """Lookup: gather each table's rows of the batch from the cache (after the previous batch's update)."""
+        """Lookup: gather each table's rows of the batch from the cache (after the previous batch's update).
+
+        First the late part of the batch's swap, if it has one: the rows of the previous batch that
+        this one evicts, which the swap could not move while the previous batch trained.
+        """
         rows = {}
         for name, placed in ctx.placed.items():
             cache = self.tables[name].rows
+            cache.finish_swap(placed.swap)
             cache.keep_for_stream(*(t for t in (placed.slots, placed.inverse, placed.ids) if t is not None))
             weight = cache.gather(placed.slots)
             if self.training:
@@ -206,26 +233,46 @@ class CacheTasks:
         del ctx.loss
 
     def sparse_update(self, ctx: IterContext) -> None:
-        """SparseUpdate: the tables' optimizer on the batch's rows, written back into the cache."""
+        """SparseUpdate: the tables' optimizer on the batch's rows, written back into the cache.
+
+        Every table's new rows are computed first; then all are written and the ledger notes it,
+        as one piece (``StepLedger.write_tables``).
+        """
+        updates: List[RowUpdate] = []
         if self.training:
             with torch.no_grad():
                 for name, rows in ctx.rows.items():
-                    self._update(self.tables[name], rows)
+                    update = self._update(self.tables[name], rows)
+                    if update is not None:
+                        updates.append(update)
+
+        def write() -> None:
+            for update in updates:
+                update.table.rows.write(update.slots, update.values, update.state)
+
+        self.ledger.write_tables(write)
         del ctx.rows
 
-    def _update(self, table: HostEmbeddingBag, rows: BatchRows) -> None:
+    def _update(self, table: HostEmbeddingBag, rows: BatchRows) -> Optional[RowUpdate]:
+        """The table's updated rows (and state) for this batch, not written yet; None if the table got no gradient."""
         grad = rows.weight.grad
         if self.input_dist is not None:
             grad = grad if grad is not None else torch.zeros_like(rows.weight)
             self.input_dist.reduce_grad(grad)  # every rank calls it, with or without a gradient of its own
         if grad is None:
-            return  # the model did not use the table: torch.optim skips a parameter without gradient
+            return None  # the model did not use the table: torch.optim skips a parameter without gradient
         values = rows.weight.detach()
         state = table.rows.gather_state(rows.slots)
         table.optimizer.update(values, grad, state)
-        table.rows.write(rows.slots, values, state)
+        return RowUpdate(table, rows.slots, values, state)
 
     def dense_step(self, ctx: IterContext) -> None:
+        self.ledger.begin_dense_step()
+        self.step_dense()
+        self.ledger.end_step()
+
+    def step_dense(self) -> None:
+        """The dense optimizer's step of one batch (also run by ``StepLedger.settle`` to complete a step)."""
         if self.training and self.dense_optimizer is not None:
             self.dense_optimizer.step()
         if self.recorder is not None:

@@ -57,6 +57,7 @@ class Cell:
     param_leaves: Tensors  # the aliases of the parameters the graph was recorded with
     checkpointed: bool
     leaf_versions: Tuple[int, ...]  # the leaves' version counters after the forward
+    changed_in_forward: Optional[int] = None  # a checkpointed forward wrote to this input in place
 
 
 class GradSum:
@@ -151,21 +152,20 @@ def forward_cell(mb: MicroBatch, k: int) -> None:
     flowing = mini.needs_grad[k]
     leaves = make_leaves(mb.value, (lambda t: t.requires_grad) if k == 0 else (lambda t: flowing))
     checkpointed = mb.index < mini.checkpoint_stop
+    changed: Optional[int] = None
     with mini.cell_state(mb.index, k):
         if checkpointed:
             with torch.no_grad(), checkpointing():
                 before = versions(leaves)
                 result, aliases = mini.call(k, leaves, mb.atomic)
-            _check_unmodified(leaves, before, k, mb.index, "during its checkpointed forward",
-                              "make the layer that writes to it out-of-place (e.g. ReLU(inplace=False) as a "
-                              "partition's first layer), or use checkpoint='never'")
+            changed = modified_in_place(leaves, before)  # refused by the recomputation (as torchgpipe does)
         else:
             with torch.set_grad_enabled(mini.grad_enabled):
                 result, aliases = mini.call(k, enter(leaves), mb.atomic)
     outputs, atomic = to_tuple(result, f"partition {k} (micro-batch {mb.index}) returned")
     if mini.grad_enabled:
         kept = () if checkpointed else outputs
-        mb.cells.append(Cell(leaves, mb.atomic, kept, aliases, checkpointed, versions(leaves)))
+        mb.cells.append(Cell(leaves, mb.atomic, kept, aliases, checkpointed, versions(leaves), changed))
     mb.value, mb.atomic = tuple(t.detach() for t in outputs), atomic
 
 
@@ -174,6 +174,8 @@ def recompute_cell(mb: MicroBatch, k: int) -> None:
     cell = mb.cells[k]
     if not cell.checkpointed:
         return
+    if cell.changed_in_forward is not None:
+        raise _changed_in_forward(cell, cell.changed_in_forward, k, mb.index)
     _check_unmodified(cell.leaves, cell.leaf_versions, k, mb.index, "between its forward and its backward",
                       "change the input (or the tensor it came from) only after backward, or clone it first")
     mini = mb.mini
@@ -205,6 +207,17 @@ def backward_cell(mb: MicroBatch, k: int) -> None:
             total.add(grad)
     mb.grad = tuple(input_grads)
     cell.leaves, cell.outputs, cell.param_leaves = (), (), ()  # the cell is done: free its activations now
+
+
+def _changed_in_forward(cell: Cell, position: int, k: int, m: int) -> RuntimeError:
+    """The error for a checkpointed cell whose forward wrote to its input: it cannot be recomputed from it."""
+    # torch's own words for the same operation on the recomputation's leaf, which torchgpipe raises here
+    torch_words = ("a leaf Variable that requires grad is being used in an in-place operation: "
+                   if cell.leaves[position].requires_grad else "")
+    return RuntimeError(f"{torch_words}input {position} of partition {k} (micro-batch {m}) was modified in place "
+                        f"during its checkpointed forward, and its recomputation in backward needs that input as it "
+                        f"was; make the layer that writes to it out-of-place (e.g. ReLU(inplace=False) as a "
+                        f"partition's first layer), or use checkpoint='never'")
 
 
 def _check_unmodified(leaves: Tensors, before: Tuple[int, ...], k: int, m: int, when: str, fix: str) -> None:

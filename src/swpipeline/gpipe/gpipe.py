@@ -73,14 +73,16 @@ class GPipe(nn.Module):
         balance: the number of layers in each partition (their sum is ``len(module)``).
         devices: where each partition lives (a device may repeat). Default: one partition per
             accelerator device when there is one, else every partition on the CPU.
-        chunks: micro-batches per mini-batch (the input is split along dimension 0).
+        chunks: micro-batches per mini-batch (the input is split along dimension 0): an int, or a
+            float with a whole value (``8.0``), as torchgpipe accepts.
         checkpoint: ``"always"``, ``"except_last"`` or ``"never"``: which micro-batches' activations
-            are recomputed in backward instead of kept (in training mode; see ``checkpoint.py``).
+            are recomputed in backward instead of kept (in training mode only; see the GPipe guide).
 
     Raises:
         TypeError: ``module`` is not an ``nn.Sequential``, or an argument has the wrong type.
-        ValueError: ``balance`` does not match the module, ``chunks < 1``, an unknown checkpoint
-            mode, fewer devices than partitions, or partitions on two accelerator devices.
+        ValueError: ``balance`` does not match the module, ``chunks`` below 1 or not whole, an unknown
+            checkpoint mode, fewer devices than partitions (an error that is also an ``IndexError``,
+            which torchgpipe raises there), or partitions on two accelerator devices.
     """
 
     balance: List[int]
@@ -206,7 +208,10 @@ class GPipe(nn.Module):
 
         Raises:
             TypeError: the input, or what a partition returns, is not a tensor or a tuple of tensors.
-            ValueError: an input tensor has no batch dimension, or the tensors' batch sizes differ.
+            ValueError: an input tensor has no batch dimension, or the tensors' batch sizes differ
+                (refused before any partition runs).
+            RuntimeError: from ``backward()``, a checkpointed partition that wrote to its input in
+                place in forward (it cannot be recomputed from it; torchgpipe fails there too).
             Exception: whatever a partition raised, with notes naming its task, partition and
                 micro-batch (the same for an error in backward, raised from ``backward()``).
         """

@@ -51,20 +51,20 @@ def scatter(tensors: Tensors, chunks: int) -> List[Tensors]:
     """Split every tensor into ``chunks`` pieces along dimension 0; one tuple per micro-batch.
 
     Raises:
-        ValueError: a tensor has no dimension 0, or the tensors split into different numbers of pieces.
+        ValueError: a tensor has no dimension 0, or the tensors' sizes along it (their batch sizes) differ:
+            micro-batch ``m`` would pair rows of one tensor with other rows of another.
     """
-    pieces: List[Tuple[Tensor, ...]] = []
     for position, tensor in enumerate(tensors):
         if tensor.dim() == 0:
             raise ValueError(f"input[{position}] is a 0-dim tensor: a mini-batch is split along dimension 0 into "
                              f"micro-batches; give every input tensor a batch dimension")
-        pieces.append(tensor.chunk(chunks))
-    counts = {len(p) for p in pieces}
-    if len(counts) > 1:
-        sizes = [t.size(0) for t in tensors]
-        raise ValueError(f"input tensors of batch sizes {sizes} split into different numbers of micro-batches "
-                         f"({sorted(counts)}) with chunks={chunks}; give every input tensor the same batch size")
-    return [tuple(p[m] for p in pieces) for m in range(counts.pop())]
+    sizes = [t.size(0) for t in tensors]
+    if len(set(sizes)) > 1:
+        raise ValueError(f"input tensors have different batch sizes {sizes} (dimension 0); each micro-batch takes "
+                         f"the same rows of every tensor, so give every input tensor the same batch size "
+                         f"(chunks={chunks} would pair rows that do not belong together)")
+    pieces = [tensor.chunk(chunks) for tensor in tensors]
+    return [tuple(p[m] for p in pieces) for m in range(len(pieces[0]))]
 
 
 def gather(outputs: Sequence[Tensors]) -> Tensors:

@@ -13,6 +13,7 @@ refused.
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from typing import Iterable, List, Optional, Sequence, Union
 
@@ -80,12 +81,19 @@ def _example_balance(num_layers: int) -> List[int]:
 
 
 def check_chunks(chunks: object) -> int:
-    """``chunks`` as an int >= 1.
+    """``chunks`` as an int >= 1: an int, or a float with a whole value (``8.0``, as torchgpipe accepts).
 
     Raises:
-        TypeError: not an int.
-        ValueError: below 1.
+        TypeError: not a number (a bool or a str is refused too).
+        ValueError: a float with a fractional part, or below 1.
     """
+    if isinstance(chunks, float) and not isinstance(chunks, bool):
+        if not chunks.is_integer():
+            raise ValueError(f"chunks={chunks!r} is not a whole number of micro-batches; use an int such as "
+                             f"chunks={max(int(chunks), 1)}")
+        chunks = int(chunks)
+    elif not isinstance(chunks, (int, bool)) and hasattr(type(chunks), "__index__"):  # e.g. numpy.int64
+        chunks = operator.index(chunks)  # type: ignore[arg-type]
     if isinstance(chunks, bool) or not isinstance(chunks, int):
         raise TypeError(f"chunks must be an int (micro-batches per mini-batch), got {type(chunks).__name__} "
                         f"{chunks!r}")
@@ -110,6 +118,10 @@ def check_checkpoint(checkpoint: object) -> str:
     return checkpoint
 
 
+class TooFewDevicesError(ValueError, IndexError):
+    """Fewer devices than partitions: a ValueError (a wrong argument), and an IndexError as torchgpipe raises."""
+
+
 def resolve_devices(devices: Optional[Iterable[DeviceLike]], num_partitions: int) -> List[torch.device]:
     """One torch.device per partition.
 
@@ -118,7 +130,8 @@ def resolve_devices(devices: Optional[Iterable[DeviceLike]], num_partitions: int
 
     Raises:
         TypeError: an entry is not a device, an int or a str.
-        ValueError: fewer devices than partitions, an unknown device, or two accelerator devices.
+        ValueError: fewer devices than partitions (``TooFewDevicesError``, also an IndexError), an
+            unknown device, or two accelerator devices.
     """
     if devices is None:
         accel = machine_accelerator()
@@ -133,8 +146,9 @@ def resolve_devices(devices: Optional[Iterable[DeviceLike]], num_partitions: int
         resolved = [_one_device(d) for d in devices]
     if len(resolved) < num_partitions:
         shown = [str(d) for d in resolved]
-        raise ValueError(f"devices={shown} holds {len(resolved)} device(s) for {num_partitions} partitions; give "
-                         f"one per partition (a device may repeat, e.g. devices=['cpu'] * {num_partitions})")
+        raise TooFewDevicesError(f"devices={shown} holds {len(resolved)} device(s) for {num_partitions} partitions; "
+                                 f"give one per partition (a device may repeat, e.g. devices=['cpu'] * "
+                                 f"{num_partitions})")
     resolved = resolved[:num_partitions]
     accelerators = sorted({str(d) for d in resolved if d.type != "cpu"})
     if len(accelerators) > 1:

@@ -6,8 +6,9 @@
   ``sim_core.py`` (the event-driven simulation), ``sim_path.py`` (the critical path) and
   ``sim_result.py`` (``SimResult``);
 * ``autoplan.py`` (``autoplan``, ``search_plan``), with ``plan_space.py`` (the candidate
-  plans), ``plan_search.py`` (exhaustive and local search), ``plan_args.py`` and
-  ``plan_report.py``;
+  plans), ``plan_search.py`` (exhaustive and local search), ``plan_args.py``,
+  ``plan_report.py`` and ``kept_orders.py`` (the orders a plan gets from its placement
+  alone, which a suggestion must keep or name);
 * ``trace_read.py`` and ``cli_plan.py``: ``swpipeline plan TRACE.json``.
 
 The public names are exported by the ``swpipeline`` package.

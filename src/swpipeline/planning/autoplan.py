@@ -24,7 +24,9 @@ from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Unio
 from .costs import TaskCosts
 from .overheads import EngineOverheads
 from ..plan import PipelinePlan, PipelineTask
-from .plan_search import Scorer, Space, count_candidates, exhaustive, local, starting_points
+from ..analysis.report import PlanAnalysis
+from .kept_orders import Order, analysis_orders, as_dependencies, coerce_orders, orders_dropped
+from .plan_search import Scorer, Space, count_candidates, exhaustive, local, starting_points, valid_stages
 from .plan_space import Bounds, Candidate, normalized
 from .sim_model import run_caller_group
 from .sim_result import SimResult
@@ -33,6 +35,7 @@ from .simulator import simulate
 __all__: List[str] = []
 
 TaskRef = Union[PipelineTask, str]
+KeepOrders = Union[PlanAnalysis, Sequence[Tuple[str, str, Union[str, int]]], None]
 EXHAUSTIVE_LIMIT = 200_000
 LOCAL_BUDGET = 3000
 
@@ -50,7 +53,8 @@ class PlanSearch:
         simulated: how many were simulated.
         baseline, baseline_result: the plan to compare with, and its simulation, if one was given.
         kept_baseline: no plan was predicted faster than the baseline by more than ``tolerance``,
-            so ``plan`` is the baseline itself.
+            so ``plan`` is the baseline itself (or, where it does not keep every order of
+            ``keep_orders``, its placement with those orders declared).
     """
 
     plan: PipelinePlan
@@ -109,8 +113,9 @@ def autoplan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRef, 
         **options: ``num_iterations`` (simulated per candidate, default 60), ``tolerance`` (prefer a
             simpler plan within this share of the best time, default 0.005), ``overheads``,
             ``data_seconds``, ``jitter``, ``globally_ordered`` (task names), ``pinned`` (task -> the
-            thread group it must stay on), ``caller_thread_group``, ``cores``, ``exhaustive_limit``,
-            ``budget`` (simulations of the local search): see ``search_plan``.
+            thread group it must stay on), ``keep_orders`` (an ``analyze()`` result, or the orders to
+            keep), ``caller_thread_group``, ``cores``, ``exhaustive_limit``, ``budget`` (simulations of
+            the local search): see ``search_plan``.
 
     Returns:
         PipelinePlan: the suggested plan.
@@ -133,7 +138,8 @@ def search_plan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRe
                 overheads: Optional[EngineOverheads] = None, data_seconds: float = 0.0, jitter: bool = True,
                 globally_ordered: Iterable[str] = (), exhaustive_limit: int = EXHAUSTIVE_LIMIT,
                 budget: int = LOCAL_BUDGET, pinned: Optional[Mapping[str, str]] = None,
-                caller_thread_group: Optional[str] = "auto", cores: Optional[int] = None) -> PlanSearch:
+                caller_thread_group: Optional[str] = "auto", cores: Optional[int] = None,
+                keep_orders: KeepOrders = None) -> PlanSearch:
     """``autoplan``, returning the whole ``PlanSearch`` (arguments as for ``autoplan``).
 
     Args:
@@ -152,15 +158,30 @@ def search_plan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRe
             as ``run()`` does; None: every group on a worker.
         cores: at most this many task functions run at once (as for ``simulate``): give it when the
             process has fewer cores than the plan could keep busy, or its tasks hold the GIL.
+        keep_orders: orders the tasks need that the dependencies do not declare, kept in every
+            candidate: an ``analyze(baseline, batch)`` result (its warnings, the orders only the
+            baseline's placement gives, and its missing dependencies), or ``(task, depends_on,
+            "intra" | "inter")`` entries. They are added to the dependencies, so the suggested plan
+            declares them and keeps them on any thread or stream. Without them the search may move
+            two tasks that only their placement ordered apart, and the suggestion races.
 
     Raises:
         TypeError, ValueError: an invalid argument (named in the message).
     """
     from .plan_args import check_search_args
 
-    args = check_search_args(tasks, intra_iter_deps, inter_iter_deps, costs, max_in_flight, thread_groups, streams,
-                             engine, baseline, num_iterations, tolerance, overheads, globally_ordered,
-                             exhaustive_limit, budget, pinned or {}, caller_thread_group, cores)
+    orders = _orders_to_keep(tasks, keep_orders)
+    kept_intra, kept_inter = as_dependencies(orders)
+    try:
+        args = check_search_args(tasks, [*intra_iter_deps, *kept_intra], [*inter_iter_deps, *kept_inter], costs,
+                                 max_in_flight, thread_groups, streams, engine, baseline, num_iterations, tolerance,
+                                 overheads, globally_ordered, exhaustive_limit, budget, pinned or {},
+                                 caller_thread_group, cores)
+    except ValueError as exc:
+        if kept_intra and "cycle" in str(exc):  # the dependencies alone form none: an order to keep closes it
+            raise ValueError(f"autoplan: keep_orders cannot be kept: an order within one iteration runs against "
+                             f"the dependencies ({exc})") from None
+        raise
     space = args.space
     thread_costs = [args.costs[name].thread_times(num_iterations, jitter) for name in space.graph.names]
     device_costs = [args.costs[name].device_times(num_iterations, jitter) for name in space.graph.names]
@@ -177,7 +198,8 @@ def search_plan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRe
         local(scorer, starting_points(space, scorer, start), budget)
     best = scorer.pick(tolerance, start)
     kept = best == start
-    plan = baseline if kept and baseline is not None else scorer.plan(best)
+    keeps_all = baseline is not None and not orders_dropped(baseline, orders)
+    plan = baseline if kept and baseline is not None and keeps_all else scorer.plan(best)
     live = None if engine == "clocked" else max_in_flight
     result = simulate(plan, args.costs, num_iterations, engine, live, jitter=jitter, overheads=args.overheads,
                       data_seconds=data_seconds, caller_thread_group=_caller(plan, caller_thread_group, engine, live),
@@ -201,12 +223,33 @@ def _caller(plan: PipelinePlan, group: Optional[str], engine: str, live: Optiona
     return found if any(s.thread_group == found for s in plan.schedules.values()) else None
 
 
+def _orders_to_keep(tasks: Sequence[TaskRef], keep_orders: KeepOrders) -> List[Order]:
+    """``keep_orders`` as orders of known tasks (TypeError/ValueError in ``autoplan``'s words)."""
+    if keep_orders is None:
+        return []
+    if isinstance(keep_orders, PlanAnalysis):
+        orders = analysis_orders(keep_orders)
+    elif not isinstance(keep_orders, (list, tuple)):
+        raise TypeError(f"autoplan: keep_orders must be a PlanAnalysis (from analyze()) or a list of (task, "
+                        f"depends_on, 'intra' or 'inter') entries, got {type(keep_orders).__name__}")
+    else:
+        orders = coerce_orders(keep_orders, "autoplan: keep_orders")
+    if isinstance(tasks, (list, tuple)):  # else check_search_args refuses the tasks themselves
+        known = {t if isinstance(t, str) else t.name for t in tasks if isinstance(t, (str, PipelineTask))}
+        unknown = sorted({name for order in orders for name in order[:2]} - known)
+        if unknown:
+            raise ValueError(f"autoplan: keep_orders names unknown task(s) {unknown} (tasks: {sorted(known)}); "
+                             f"pass the analysis of a plan of these tasks")
+    return orders
+
+
 def _encode(space: Space, plan: PipelinePlan) -> Optional[Candidate]:
-    """A plan of the same tasks as a candidate (None if it does not fit the space)."""
+    """A plan of the same tasks as a candidate (None if it does not fit the space, or breaks a stage rule of its
+    dependencies, e.g. of an order it must keep)."""
     names = space.graph.names
     stages = tuple(plan.stage(n) for n in names)
     groups = normalized([plan.schedules[n].thread_group for n in names])
     streams = normalized([str(plan.schedules[n].stream) for n in names])
-    if max(stages) >= space.max_in_flight or max(groups) >= len(space.group_names):
+    if not valid_stages(space, stages) or max(groups) >= len(space.group_names):
         return None
     return (stages, groups, streams if space.search_streams else groups)

@@ -222,7 +222,7 @@ def _moves(space: Space, cand: Candidate) -> List[Candidate]:
             moved[k] += delta
             shift = min(moved)
             vec = tuple(s - shift for s in moved)
-            if _valid_stages(space, vec):
+            if valid_stages(space, vec):
                 out.append((vec, groups, streams))
         for block in range(min(max(groups) + 2, len(space.group_names))):
             if block != groups[k]:
@@ -242,7 +242,8 @@ def _moves(space: Space, cand: Candidate) -> List[Candidate]:
     return [c for c in dict.fromkeys(out) if space.groups_allowed(c[1])]
 
 
-def _valid_stages(space: Space, stages: Tuple[int, ...]) -> bool:
+def valid_stages(space: Space, stages: Tuple[int, ...]) -> bool:
+    """Whether ``stages`` fit the space (0 .. max_in_flight - 1) and follow the stage rules of its dependencies."""
     if max(stages) >= space.max_in_flight or min(stages) < 0:
         return False
     g = space.graph
@@ -257,7 +258,7 @@ def starting_points(space: Space, scorer: Scorer, baseline: Optional[Candidate])
     out.append((zero, zero, zero))
     levels = _levels(space)
     groups = _balanced(scorer.group_load, len(space.group_names))
-    if _valid_stages(space, levels):
+    if valid_stages(space, levels):
         out.append((levels, groups, groups))
     out.append((zero, groups, groups))
     return [c for c in dict.fromkeys(out) if space.groups_allowed(c[1])]

@@ -12,21 +12,18 @@ Swap one import::
         except StopIteration:
             break
 
-Needs TorchRec (``pip install --no-deps torchrec`` plus its dependencies, see
-requirements-torchrec.txt); ``import swpipeline`` never imports this package.
+Needs TorchRec 1.8.0 with fbgemm-gpu-cpu 1.8.0, which load only with torch 2.13
+(``pip install "swpipeline[torchrec]"`` then ``pip install --no-deps torchrec==1.8.0``);
+``import swpipeline`` never imports this package.
 docs/torchrec.md describes each variant's plan, the options, and what differs
 from TorchRec.
 """
 
 from __future__ import annotations
 
-try:
-    import torchrec as _torchrec  # noqa: F401  (the extra's one hard requirement)
-except ImportError as exc:  # pragma: no cover - exercised only without torchrec
-    raise ImportError(
-        "swpipeline.torchrec needs TorchRec: pip install --no-deps -r requirements-torchrec.txt "
-        "(and its dependencies from requirements-dev.txt)"
-    ) from exc
+from .compat import import_torchrec as _import_torchrec
+
+_import_torchrec()  # one clear sentence when TorchRec is missing or does not load with this torch
 
 from .feed import RankAgreement as RankAgreement
 from .pipeline import PlannedTrainPipeline as PlannedTrainPipeline

@@ -1,0 +1,213 @@
+"""Every GPU check of the project in one command, with one summary table: run it first on a machine with a GPU.
+
+    python benchmarks/gpu_check.py [--out DIR] [--budget-s 450]
+
+The steps run in this order, the most telling first, each bounded in time (a step
+that overruns is stopped and reported, and the next one starts), all within
+``--budget-s`` seconds (7.5 minutes by default, so a 15-minute GPU lease leaves room
+to fix something and run it again):
+
+1. ``python -m pytest -m cuda``: one test per GPU hazard, GPipe on the GPU;
+2. ``swpipeline demo --device cuda``: the demo's training loop on the GPU (losses
+   bitwise equal to the serial run, and the speedup);
+3. ``benchmarks/gpu_overlap.py``: a 64 MiB copy hidden behind compute, both engines
+   against the serial loop and a hand-written two-stream loop;
+4. ``benchmarks/gpu_apps.py``: GPipe and the embedding cache on the GPU, each
+   checked against its reference, with their step times.
+
+It writes DIR/gpu_check.log (every step's whole output), DIR/summary.md (the table
+it prints at the end) and DIR/readme_section.md, the README's GPU figures as
+measured. Back on a machine with the checkout, ``python benchmarks/gpu_check.py
+--update-readme DIR/readme_section.md`` puts that section into README.md, between
+its ``gpu-check`` markers.
+
+On a machine whose torch is older than the package asks for (a GPU image with its own
+torch), the package is imported from ``src/`` (PYTHONPATH), as the tests are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+BEGIN, END = "<!-- gpu-check: begin -->", "<!-- gpu-check: end -->"
+
+
+@dataclass
+class Step:
+    name: str
+    argv: List[str]
+    timeout_s: float
+    figures: Callable[[str], str]  # the output -> the figures worth a line of the summary
+
+
+@dataclass
+class Outcome:
+    step: Step
+    status: str  # "ok", "FAILED (exit N)", "TIMED OUT", "skipped"
+    seconds: float
+    output: str
+
+    @property
+    def figures(self) -> str:
+        try:
+            return self.step.figures(self.output)
+        except Exception as exc:  # a summary line must never hide the outcome
+            return f"(figures unreadable: {type(exc).__name__})"
+
+
+def pytest_figures(output: str) -> str:
+    """``14 passed, 2 skipped`` from pytest's last line."""
+    found = re.findall(r"(\d+ (?:passed|failed|skipped|errors?|deselected))", output.strip().splitlines()[-1]
+                       if output.strip() else "")
+    return ", ".join(f for f in found if not f.endswith("deselected")) or "no test summary"
+
+
+def demo_figures(output: str) -> str:
+    lines = [ln.strip() for ln in output.splitlines()]
+    keep = [ln for ln in lines if re.search(r"bitwise|speedup|\d+\.\d+x", ln)]
+    return "; ".join(keep[-3:]) or "no result line"
+
+
+def table_rows(output: str, first_cells: Sequence[str]) -> List[List[str]]:
+    """The rows of a plain-text table printed by a benchmark whose first cell is one of ``first_cells``."""
+    rows = []
+    for line in output.splitlines():
+        for name in first_cells:
+            if line.startswith(name + " ") or line == name:
+                rows.append([name] + line[len(name):].split())
+    return rows
+
+
+def overlap_figures(output: str) -> str:
+    rows = table_rows(output, ["serial", "SWPipeline", "DataFlowPipeline(3)", "hand-written"])
+    return "; ".join(f"{r[0]} {r[1]} ms/it, {r[3]}, copy hidden {r[4]}" for r in rows if len(r) >= 5) or "no table"
+
+
+def apps_figures(output: str) -> str:
+    keep = [ln.strip() for ln in output.splitlines() if ln.startswith(("GPipe", "embcache"))]
+    return "; ".join(keep) or "no result line"
+
+
+def steps(python: str) -> List[Step]:
+    bench = ROOT / "benchmarks"
+    return [
+        Step("pytest -m cuda", [python, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider"], 200,
+             pytest_figures),
+        Step("swpipeline demo --device cuda", [python, "-m", "swpipeline.cli", "demo", "--device", "cuda",
+                                               "--chart", "", "--schedule-chart", "", "--trace", ""], 90,
+             demo_figures),
+        Step("gpu_overlap.py", [python, str(bench / "gpu_overlap.py"), "--iters", "100"], 90, overlap_figures),
+        Step("gpu_apps.py", [python, str(bench / "gpu_apps.py")], 100, apps_figures),
+    ]
+
+
+def environment() -> dict[str, str]:
+    """This process's environment, with src/ on the path when the installed package is not this checkout's."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    src = str(ROOT / "src")
+    env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def run_step(step: Step, left_s: float, env: dict[str, str]) -> Outcome:
+    if left_s < 10:
+        return Outcome(step, "skipped", 0.0, "(no time left in the budget)")
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(step.argv, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=min(step.timeout_s, left_s), start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        return Outcome(step, "TIMED OUT", time.perf_counter() - start, out)
+    output = proc.stdout + ("\n" + proc.stderr if proc.stderr.strip() else "")
+    status = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
+    return Outcome(step, status, time.perf_counter() - start, output)
+
+
+def summary(outcomes: Sequence[Outcome], gpu: str, torch_version: str) -> str:
+    lines = [f"GPU: {gpu}; torch {torch_version}; Python {platform.python_version()}; "
+             f"{datetime.date.today().isoformat()}", "",
+             "| check | result | seconds | figures |", "|---|---|---|---|"]
+    lines += [f"| `{o.step.name}` | {o.status} | {o.seconds:.0f} | {o.figures} |" for o in outcomes]
+    return "\n".join(lines)
+
+
+def readme_section(outcomes: Sequence[Outcome], gpu: str, torch_version: str) -> str:
+    """The README's GPU figures, as this run measured them."""
+    head = (f"**Measured on an {gpu}** (torch {torch_version}, Python {platform.python_version()}, "
+            f"{datetime.date.today().isoformat()}; `python benchmarks/gpu_check.py`, which runs every check "
+            f"below in one command):")
+    rows = ["| check | result | figures |", "|---|---|---|"]
+    rows += [f"| `{o.step.name}` | {o.status} | {o.figures} |" for o in outcomes]
+    overlap = next((o for o in outcomes if o.step.name == "gpu_overlap.py"), None)
+    table = ""
+    if overlap is not None:
+        found = table_rows(overlap.output, ["serial", "SWPipeline", "DataFlowPipeline(3)", "hand-written"])
+        if found:
+            table = ("\n\n`gpu_overlap.py` (64 MiB pinned copy + 8 matmuls of 2048 per iteration, 100 iterations, "
+                     "GPU time per iteration):\n\n| method | ms/iter | speedup | copy hidden | peak MiB |\n"
+                     "|---|---|---|---|---|\n"
+                     + "\n".join(f"| {r[0]} | {r[1]} | {r[3]} | {r[4]} | {r[5]} |" for r in found if len(r) >= 6))
+    return "\n".join([head, "", *rows]) + table + "\n"
+
+
+def update_readme(section_file: Path, readme: Path = ROOT / "README.md") -> None:
+    """Put ``section_file``'s text between the README's gpu-check markers."""
+    text = readme.read_text(encoding="utf-8")
+    if BEGIN not in text or END not in text or text.index(BEGIN) > text.index(END):
+        raise SystemExit(f"gpu_check: {readme} has no {BEGIN} ... {END} block to replace")
+    section = section_file.read_text(encoding="utf-8").strip()
+    before, rest = text.split(BEGIN, 1)
+    after = rest.split(END, 1)[1]
+    readme.write_text(f"{before}{BEGIN}\n{section}\n{END}{after}", encoding="utf-8")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT") or "out/gpu_check", help="where the logs go")
+    parser.add_argument("--budget-s", type=float, default=450.0, help="stop starting steps after this many seconds")
+    parser.add_argument("--update-readme", metavar="SECTION_MD", default=None,
+                        help="put a readme_section.md from a GPU run into README.md, and do nothing else")
+    args = parser.parse_args(argv)
+    if args.update_readme is not None:
+        update_readme(Path(args.update_readme))
+        print(f"README.md: the GPU section now holds {args.update_readme}")
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA GPU here (torch.cuda.is_available() is False); run it on a machine with one")
+        return 2
+    gpu = torch.cuda.get_device_name()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env, deadline = environment(), time.perf_counter() + args.budget_s
+    outcomes = []
+    with open(out / "gpu_check.log", "w", encoding="utf-8") as log:
+        for step in steps(sys.executable):
+            print(f"gpu_check: {step.name} ...", flush=True)
+            outcome = run_step(step, deadline - time.perf_counter(), env)
+            outcomes.append(outcome)
+            log.write(f"===== {step.name}: {outcome.status}, {outcome.seconds:.0f} s\n{outcome.output}\n")
+            log.flush()
+            print(f"gpu_check: {step.name}: {outcome.status} in {outcome.seconds:.0f} s", flush=True)
+    table = summary(outcomes, gpu, torch.__version__)
+    (out / "summary.md").write_text(table + "\n", encoding="utf-8")
+    (out / "readme_section.md").write_text(readme_section(outcomes, gpu, torch.__version__), encoding="utf-8")
+    print("\n" + table)
+    return 0 if all(o.status == "ok" for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

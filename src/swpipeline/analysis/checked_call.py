@@ -1,0 +1,155 @@
+"""One race-checked task call: the journal that logs its accesses, and the recording view that is its hot path.
+
+``RaceChecker.wrap`` (``races.py``) makes, per call of a checked task, a ``CheckedJournal``
+and a ``CheckedView`` of the context (``view = new_view(CheckedView)`` then
+``set_journal(view, journal)``: no Python call). Every access is appended to the context's log (``Log``: attribute ->
+``[(unit, kind)]``) and then compared, by the checker, with what is already there:
+appends are atomic under the GIL, so of two conflicting accesses the later one always
+sees the earlier, with no lock. An access already logged for the same unit and kind is
+not compared again.
+
+The view's plain reads and assignments are logged in place (the common case of a checked
+run: no Python call but the view's own), and the checker is called only when the log
+holds another unit's access whose verdict is not already known to be "ordered".
+Everything else (``vars(ctx)``, deletes, values changed in place, draws) goes through the
+journal's hooks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from .access import DELETE, MUTATE, READ, WRITE, DrawObserver
+from .generators import GeneratorKey
+from .inplace import WATCHED, ValueWatch
+from ..plan import IterContext
+from ..shortcut import _JOURNAL_SLOT, _Journal, _RecordingView
+
+if TYPE_CHECKING:
+    from .races import RaceChecker
+
+__all__: List[str] = []
+
+Unit = Tuple[int, int]  # (task index in the plan, iteration)
+Access = Tuple[Unit, str]  # (unit, kind)
+Log = Dict[Any, List[Access]]  # one context's accesses: attribute (or EVERY) -> [(unit, kind)]
+
+EVERY = object()  # the log key of a look at every attribute at once
+_WATCHED_TYPES = frozenset({torch.Tensor, torch.nn.Parameter, list, dict, tuple, set})  # watched, at a glance
+_PLAIN_TYPES = frozenset({int, float, bool, str, bytes, complex, type(None)})  # never watched, at a glance
+new_view, set_journal = object.__new__, _JOURNAL_SLOT.__set__  # CheckedView(journal) is set_journal(new_view(...))
+
+
+class CheckedJournal(_Journal, DrawObserver):
+    """The recording view's journal for one call of a wrapped task: every access goes to the checker's log.
+
+    It is also the dispatch mode that sees the call's draws (``DrawObserver``: pushed on the
+    calling thread for the length of the call), one object where two would cost a lookup
+    and a hand-over per call on the checker's hot path.
+    """
+
+    watches = WATCHED
+    values: Optional[ValueWatch] = None  # the values read, once one could be changed in place
+
+    def __init__(self, target: IterContext, checker: "RaceChecker", log: Log,
+                 unit: Unit) -> None:  # noqa: the journal's own records are not kept
+        self.target = target
+        self.checker = checker
+        self.log = log
+        self.unit = unit
+
+    def _log(self, name: Any, kind: str) -> None:
+        """Log one access, then compare it with the log (see the module docstring: no lock, never a miss)."""
+        entries = self.log.get(name)
+        if entries is None:
+            entries = self.log.setdefault(name, [])
+        access = (self.unit, kind)
+        if access not in entries:
+            entries.append(access)
+            self.checker._compare(self.log, name, entries, access)
+
+    def read(self, name: str) -> None:
+        self._log(name, READ)
+
+    def read_all(self) -> None:
+        self._log(EVERY, READ)
+
+    def watch(self, name: str, value: Any) -> None:
+        if self.values is None:
+            self.values = ValueWatch()
+        self.values.watch(name, value)
+
+    def touch(self, name: str) -> None:
+        return None
+
+    def write(self, name: str, value: Any) -> None:
+        self._log(name, WRITE)
+
+    def delete(self, name: str) -> None:
+        self._log(name, DELETE)
+
+    def drew(self, key: GeneratorKey) -> None:
+        """A draw by an operator of this call: log it with the checker."""
+        self.checker._draw(key, self.unit)
+
+    def finish(self) -> None:
+        """After the call: each value read that it changed in place is a write of its attribute."""
+        if self.values is not None:
+            for name in self.values.changed():
+                self._log(name, MUTATE)
+
+
+class CheckedView(_RecordingView):
+    """The recording view of a checked call: plain attribute reads and assignments logged in place.
+
+    The hot path of a checked run. It logs an access as ``CheckedJournal._log`` does, and
+    calls the checker only when the attribute's log holds another unit's access whose
+    verdict is not known to be "ordered"; everything else is ``_RecordingView``'s.
+    """
+
+    __slots__ = ()
+
+    def __getattribute__(self, name: str) -> Any:
+        journal = _checked_journal_of(self)
+        if name == "iter_idx":
+            return journal.target.iter_idx
+        if name[:1] == "_":
+            return _RecordingView.__getattribute__(self, name)
+        log = journal.log
+        entries = log.get(name)
+        if entries is None:
+            entries = log.setdefault(name, [])
+        unit = journal.unit
+        access = (unit, READ)
+        if access not in entries:
+            entries.append(access)
+            verdicts = journal.checker._verdicts
+            for other, other_kind in entries:
+                if other_kind != READ and other != unit and not verdicts.get((other[0], unit[0], unit[1] - other[1])):
+                    journal.checker._compare(log, name, entries, access)
+                    break
+        value = getattr(journal.target, name)
+        kind = type(value)
+        if kind in _WATCHED_TYPES or (kind not in _PLAIN_TYPES and isinstance(value, WATCHED)):
+            journal.watch(name, value)
+        return value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        journal = _checked_journal_of(self)
+        setattr(journal.target, name, value)
+        log = journal.log
+        entries = log.get(name)
+        if entries is None:
+            entries = log.setdefault(name, [])
+        access = (journal.unit, WRITE)
+        if access not in entries:
+            entries.append(access)
+            if len(entries) > 1 or EVERY in log:
+                journal.checker._compare(log, name, entries, access)
+        if journal.mirror is not None:
+            journal.mirror._mirror_one(name)
+
+
+_checked_journal_of: Callable[[CheckedView], CheckedJournal] = _JOURNAL_SLOT.__get__  # a checked view's journal

@@ -1,0 +1,142 @@
+"""Orders a plan relies on without declaring them, and whether another plan keeps them.
+
+Two tasks on one thread group or stream run in the schedule's order on both engines,
+so a plan can work only because of where its tasks sit: ``Forward(i+1)`` reads the
+weights after ``OptimizerStep(i)`` updated them because both run on the training
+thread. A plan search moves tasks; it must keep such an order, or say that it drops it::
+
+    traced plan     thread default:  F(i) B(i) O(i) F(i+1) ...   F(i+1) after O(i): by placement only
+    a suggestion    thread default:  F(i) B(i) F(i+1) ...        O(i) on another thread: no longer ordered
+                    thread g1:       O(i) ...                    (a race, unless declared)
+
+An *order* is ``(task, depends_on, distance)``: ``task(i)`` after ``depends_on(i - distance)``,
+distance 0 or 1 (longer distances follow from a chain of consecutive ones).
+
+* ``placement_orders(plan)``: what the placement orders and the declared dependencies do not;
+  any of them may matter when nothing else is known (a trace).
+* ``analysis_orders(analysis)``: the ones ``analyze()`` found the tasks really need (its warnings,
+  "ordered only by the placement", and its missing dependencies).
+* ``orders_dropped(plan, orders)``: those a plan keeps neither by its dependencies nor by its
+  placement (nor by a chain of both).
+* ``as_dependencies(orders)``: the orders as (intra, inter) dependency pairs, which keep them on
+  any placement: how ``search_plan(keep_orders=...)`` keeps them.
+
+A minimal list (enough to keep them all) leaves out the orders that the dependencies and the other
+listed orders imply.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
+
+from ..analysis.races import HappensBefore, Placement
+from ..plan import PipelinePlan
+
+__all__: List[str] = []
+
+Order = Tuple[str, str, int]  # (task, depends_on, distance): task(i) after depends_on(i - distance)
+Pair = Tuple[str, str]
+
+
+def placement_orders(plan: PipelinePlan, minimal: bool = True) -> List[Order]:
+    """The orders ``plan``'s placement gives that its declared dependencies do not imply.
+
+    ``minimal``: leave out those the dependencies and the other listed orders imply (enough to keep
+    them all); else every one, as a user must judge them: the minimal set may name
+    ``Load(i+1) after Step(i)`` where ``Forward(i+1) after Step(i)`` is the order that matters.
+    """
+    relation = HappensBefore.of_plan(plan)
+    found = [order for order in _placed(plan) if not relation.before(order[1], order[0], order[2])]
+    return _minimal(plan.task_names, plan.intra, plan.inter, found) if minimal else found
+
+
+def analysis_orders(analysis: Any) -> List[Order]:
+    """The orders a ``PlanAnalysis`` says the tasks need and the plan does not declare."""
+    entries = list(getattr(analysis, "warnings", ())) + list(getattr(analysis, "missing_deps", ()))
+    return coerce_orders(entries, "keep_orders")
+
+
+def coerce_orders(entries: Sequence[Any], where: str) -> List[Order]:
+    """``(task, depends_on, kind)`` entries (kind ``"intra"``/``"inter"`` or the distance 0/1; a fourth item,
+    an analysis' reason, is ignored) as orders; TypeError/ValueError naming ``where`` otherwise."""
+    out: List[Order] = []
+    for entry in entries:
+        if not isinstance(entry, (tuple, list)) or len(entry) not in (3, 4) or \
+                not all(isinstance(n, str) for n in entry[:2]):
+            raise TypeError(f"{where}: expected (task, depends_on, 'intra' or 'inter') entries or a PlanAnalysis, "
+                            f"got {entry!r}")
+        kind = entry[2]
+        distance = {"intra": 0, "inter": 1}.get(kind) if isinstance(kind, str) else \
+            kind if isinstance(kind, int) and not isinstance(kind, bool) and kind in (0, 1) else None
+        if distance is None:
+            raise ValueError(f"{where}: the kind of ({entry[0]!r}, {entry[1]!r}) must be 'intra' or 'inter' (or the "
+                             f"distance 0 or 1), got {kind!r}")
+        order = (entry[0], entry[1], distance)
+        if order not in out:
+            out.append(order)
+    return out
+
+
+def orders_dropped(plan: PipelinePlan, orders: Sequence[Order]) -> List[Order]:
+    """The ``orders`` that ``plan`` keeps neither by its dependencies nor by its placement (nor by a chain of
+    both), in the given order."""
+    intra, inter = _with_orders(plan.intra, plan.inter, _placed(plan))
+    relation = HappensBefore(plan.task_names, intra, inter)
+    return [o for o in orders if o[0] in intra and o[1] in intra and not relation.before(o[1], o[0], o[2])]
+
+
+def as_dependencies(orders: Sequence[Order]) -> Tuple[List[Pair], List[Pair]]:
+    """The orders as ``(intra_iter_deps, inter_iter_deps)`` pairs."""
+    return ([(t, d) for t, d, distance in orders if distance == 0],
+            [(t, d) for t, d, distance in orders if distance == 1])
+
+
+def order_text(order: Order) -> str:
+    """``Forward(i+1) after OptimizerStep(i)``."""
+    task, dep, distance = order
+    return f"{task}(i{'+1' if distance else ''}) after {dep}(i)"
+
+
+def grouped_text(orders: Sequence[Order]) -> List[str]:
+    """The orders grouped by what comes first: ``after OptimizerStep(i): Load(i+1), Forward(i+1)``."""
+    groups: Dict[Tuple[str, int], List[str]] = {}
+    for task, dep, distance in orders:
+        groups.setdefault((dep, distance), []).append(f"{task}(i{'+1' if distance else ''})")
+    return [f"after {dep}(i): {', '.join(tasks)}" for (dep, _), tasks in groups.items()]
+
+
+def declaration_text(order: Order) -> str:
+    """``("Forward", "OptimizerStep") in inter_iter_deps``."""
+    task, dep, distance = order
+    return f'("{task}", "{dep}") in {"inter_iter_deps" if distance else "intra_iter_deps"}'
+
+
+def _placed(plan: PipelinePlan) -> List[Order]:
+    """Every order of two different tasks that the placement gives, distance 0 and 1."""
+    placement = Placement(plan)
+    names = plan.task_names
+    return [(task, dep, distance) for distance in (0, 1) for task in names for dep in names
+            if task != dep and placement.before(dep, task, distance)]
+
+
+def _with_orders(intra: Mapping[str, Sequence[str]], inter: Mapping[str, Sequence[str]],
+                 orders: Sequence[Order]) -> Tuple[Dict[str, List[str]], Dict[str, List[str]]]:
+    merged_intra = {task: list(deps) for task, deps in intra.items()}
+    merged_inter = {task: list(deps) for task, deps in inter.items()}
+    for task, dep, distance in orders:
+        target = merged_inter if distance else merged_intra
+        if dep not in target.setdefault(task, []):
+            target[task].append(dep)
+    return merged_intra, merged_inter
+
+
+def _minimal(names: Sequence[str], intra: Mapping[str, Sequence[str]], inter: Mapping[str, Sequence[str]],
+             orders: Sequence[Order]) -> List[Order]:
+    """The orders that the dependencies and the other kept orders do not imply (each checked once, in order)."""
+    kept = list(orders)
+    for order in orders:
+        others = [o for o in kept if o != order]
+        relation = HappensBefore(names, *_with_orders(intra, inter, others))
+        if relation.before(order[1], order[0], order[2]):
+            kept = others
+    return kept

@@ -1,0 +1,93 @@
+"""The one-command GPU check: its steps, its summary, the README section it writes, and its CPU twin."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_check  # noqa: E402
+
+OVERLAP_OUTPUT = """python 3.12.3, torch 2.11.0, 16 CPUs
+GPU: NVIDIA H100 80GB HBM3, 100 iterations, copy 64 MiB per iteration
+copy alone 2.700 ms/iter, compute alone 9.100 ms/iter
+method               ms/iter (GPU)  ms/iter (wall)  speedup  copy hidden  peak MiB
+-------------------  -------------  --------------  -------  -----------  --------
+serial                      12.450          12.500    1.00x           0%       480
+SWPipeline                  11.250          11.300    1.11x          98%       704
+DataFlowPipeline(3)         11.240          11.290    1.11x          99%       896
+hand-written                11.230          11.280    1.11x         100%       640
+"""
+
+
+def outcome(name: str, status: str, output: str) -> gpu_check.Outcome:
+    step = next(s for s in gpu_check.steps(sys.executable) if s.name == name)
+    return gpu_check.Outcome(step, status, 12.0, output)
+
+
+def test_the_steps_run_the_cuda_tests_first_and_fit_the_budget() -> None:
+    names = [s.name for s in gpu_check.steps(sys.executable)]
+    assert names == ["pytest -m cuda", "swpipeline demo --device cuda", "gpu_overlap.py", "gpu_apps.py"]
+    assert sum(s.timeout_s for s in gpu_check.steps(sys.executable)) <= 8 * 60
+
+
+def test_the_summary_reads_each_steps_figures() -> None:
+    outcomes = [outcome("pytest -m cuda", "ok", "....\n16 passed, 3 deselected in 40.1s"),
+                outcome("gpu_overlap.py", "ok", OVERLAP_OUTPUT),
+                outcome("gpu_apps.py", "FAILED (exit 1)", "GPipe checkpoint=never: equal to torchgpipe: NO\n")]
+    text = gpu_check.summary(outcomes, "NVIDIA H100 80GB HBM3", "2.11.0")
+    lines = text.splitlines()
+    assert lines[2:] == [
+        "| check | result | seconds | figures |", "|---|---|---|---|",
+        "| `pytest -m cuda` | ok | 12 | 16 passed |",
+        "| `gpu_overlap.py` | ok | 12 | serial 12.450 ms/it, 1.00x, copy hidden 0%; SWPipeline 11.250 ms/it, 1.11x, "
+        "copy hidden 98%; DataFlowPipeline(3) 11.240 ms/it, 1.11x, copy hidden 99%; hand-written 11.230 ms/it, "
+        "1.11x, copy hidden 100% |",
+        "| `gpu_apps.py` | FAILED (exit 1) | 12 | GPipe checkpoint=never: equal to torchgpipe: NO |"]
+    section = gpu_check.readme_section(outcomes, "NVIDIA H100 80GB HBM3", "2.11.0")
+    assert section.startswith("**Measured on an NVIDIA H100 80GB HBM3** (torch 2.11.0")
+    assert "| SWPipeline | 11.250 | 1.11x | 98% | 704 |" in section
+
+
+def test_update_readme_replaces_only_the_marked_block(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{gpu_check.BEGIN}\nold figures\n{gpu_check.END}\n## Next\n")
+    section = tmp_path / "readme_section.md"
+    section.write_text("**Measured on an X**\n\n| a |\n")
+    gpu_check.update_readme(section, readme)
+    assert readme.read_text() == f"intro\n{gpu_check.BEGIN}\n**Measured on an X**\n\n| a |\n{gpu_check.END}\n## Next\n"
+    readme.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="has no <!-- gpu-check: begin -->"):
+        gpu_check.update_readme(section, readme)
+
+
+def test_the_projects_readme_has_the_block() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert text.count(gpu_check.BEGIN) == 1 and text.index(gpu_check.BEGIN) < text.index(gpu_check.END)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU it would run every check")
+def test_without_a_gpu_it_says_so_and_runs_nothing(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stdout.strip() == ("gpu_check: no CUDA GPU here (torch.cuda.is_available() is False); run it on a "
+                                   "machine with one")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_gpu_apps_checks_pass_on_the_cpu() -> None:
+    # The CPU twin of gpu_apps.py's checks, at small sizes: GPipe against torchgpipe, the cache against the table.
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_apps.py"), "--device", "cpu", "--small"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT / "benchmarks")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = [line for line in proc.stdout.splitlines() if line.startswith(("GPipe", "embcache"))]
+    assert len(results) == 4 and all("NO" not in line for line in results)
+    assert [line.split(":")[0] for line in results] == ["GPipe checkpoint=never", "GPipe checkpoint=except_last",
+                                                         "GPipe checkpoint=always", "embcache"]
