@@ -31,7 +31,9 @@ def copy(ctx):     ctx.x = ctx.x.to(device, non_blocking=True)
 def forward(ctx):  ctx.loss = model(ctx.x).square().mean()
 def backward(ctx): ctx.loss.backward()
 def step(ctx):
-    opt.step(); opt.zero_grad(); losses[ctx.iter_idx] = ctx.loss.detach()
+    opt.step()
+    opt.zero_grad()
+    losses[ctx.iter_idx] = ctx.loss.detach()
     time.sleep(0.004)  # stands for a bigger model: training is the bottleneck, 4 ms a step
 
 
@@ -52,7 +54,9 @@ start = (deepcopy(model.state_dict()), deepcopy(opt.state_dict()))
 
 def train(run):
     """Train from the same initial weights; the loss of every iteration."""
-    model.load_state_dict(start[0]); opt.load_state_dict(start[1]); losses.clear()
+    model.load_state_dict(start[0])
+    opt.load_state_dict(start[1])
+    losses.clear()
     seconds = run(loader)
     return seconds, torch.stack([losses[i] for i in range(len(loader))])
 

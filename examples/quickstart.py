@@ -27,12 +27,19 @@ loader = [{"x": torch.randint(0, 256, (256, 64))} for _ in range(40)]  # 40 batc
 losses = {}  # iteration -> loss, filled in by the last task
 
 
-def read(batch):   time.sleep(0.003); return batch               # stands in for reading a batch from disk
+def read(batch):  # stands in for reading a batch from disk
+    time.sleep(0.003)
+    return batch
+
+
 def prepare(ctx):  ctx.x = read(ctx.batch)["x"].float() / 255    # stage 0, its own thread
 def copy(ctx):     ctx.x = ctx.x.to(device, non_blocking=True)     # stage 1, copy stream
 def forward(ctx):  ctx.loss = model(ctx.x).square().mean()         # stage 2 ...
 def backward(ctx): ctx.loss.backward()
-def step(ctx):     opt.step(); opt.zero_grad(); losses[ctx.iter_idx] = ctx.loss.detach()
+def step(ctx):
+    opt.step()
+    opt.zero_grad()
+    losses[ctx.iter_idx] = ctx.loss.detach()
 
 
 # Every task has its own name. The plan gives each task its stage, thread group and
@@ -54,7 +61,9 @@ start = (deepcopy(model.state_dict()), deepcopy(opt.state_dict()))
 
 def train(run, batches):
     """Train from the initial weights; the seconds taken and the loss of every iteration."""
-    model.load_state_dict(start[0]); opt.load_state_dict(start[1]); losses.clear()
+    model.load_state_dict(start[0])
+    opt.load_state_dict(start[1])
+    losses.clear()
     seconds = run(batches)
     return seconds, torch.stack([losses[i] for i in range(len(batches))])
 

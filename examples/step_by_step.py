@@ -27,7 +27,10 @@ def prepare(ctx):  ctx.x, ctx.y = ctx.batch["x"].float() / 255, ctx.batch["y"]
 def copy(ctx):     ctx.x, ctx.y = ctx.x.to(device, non_blocking=True), ctx.y.to(device, non_blocking=True)
 def forward(ctx):  ctx.loss = F.mse_loss(model(ctx.x), ctx.y)
 def backward(ctx): ctx.loss.backward()
-def step(ctx):     opt.step(); opt.zero_grad(); losses[ctx.iter_idx] = ctx.loss.detach()
+def step(ctx):
+    opt.step()
+    opt.zero_grad()
+    losses[ctx.iter_idx] = ctx.loss.detach()
 
 t = {f.__name__: PipelineTask(f.__name__, f) for f in (prepare, copy, forward, backward, step)}
 plan = PipelinePlan(
@@ -70,7 +73,9 @@ def main():
 
     # The same batches through the plain serial loop, from the same initial weights.
     pipelined = torch.stack([losses[k] for k in range(trained)])
-    model.load_state_dict(start[0]); opt.load_state_dict(start[1]); losses.clear()
+    model.load_state_dict(start[0])
+    opt.load_state_dict(start[1])
+    losses.clear()
     pipe.run_serial(data[:trained])
     serial = torch.stack([losses[k] for k in range(trained)])
     equal = torch.equal(pipelined, serial)

@@ -3,12 +3,15 @@
 A test that deliberately strands a worker (a task that outlives the join timeout) must
 release it and join it before it ends; everything else must leave no ``swp-`` thread at
 all, the moment it returns. The check runs after every test, in every module.
+
+Tests marked ``slow`` are skipped unless a ``-m`` expression picks the tests to run
+(``python -m pytest -m slow`` runs only them).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Iterator
+from typing import Iterator, List
 
 import pytest
 
@@ -18,6 +21,15 @@ from swpipeline import DataFlowPipeline, SWPipeline
 
 def _pipeline_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("swp-") and t.is_alive()]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    if config.getoption("markexpr"):
+        return
+    skip_slow = pytest.mark.skip(reason="slow: python -m pytest -m slow runs the slow tests")
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(skip_slow)
 
 
 @pytest.fixture(autouse=True)

@@ -29,7 +29,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int, results: Any, kwargs: Dict[str, Any]) -> None:
+def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int, results: Any,
+               kwargs: Dict[str, Any]) -> None:
     import warnings
 
     warnings.filterwarnings("ignore")

@@ -28,6 +28,10 @@ class ExecLog:
         with self._lock:
             self.events.append((next(self._counter), kind, task, iter_idx, threading.current_thread().name))
 
+    def stamp(self) -> int:
+        """A sequence number between the events', taken without the lock (a signal handler may call it)."""
+        return next(self._counter)
+
     def task_fn(self, name: str, work: Optional[Callable[[Any], None]] = None) -> Callable[[Any], None]:
         def fn(ctx: Any) -> None:
             self.mark("start", name, ctx.iter_idx)

@@ -66,17 +66,21 @@ class Loop:
 BATCH = torch.ones(4, 2)
 STEP = [("Backward", "Forward"), ("OptimizerStep", "Backward")]
 
-SMALL_REPORT = """\
-plan analysis (one serial iteration, iter_idx 0): Prepare, Forward, Backward, OptimizerStep
-missing dependencies: 1
-  - Forward reads `ctx.x`, which Prepare writes; in a pipelined run Forward(i) may run before Prepare(i): add ("Forward", "Prepare") to intra_iter_deps
-warnings (ordered only by the placement): 1
-  - Forward reads `model.bias`, `model.weight`, which OptimizerStep writes; Forward(i+1) runs after OptimizerStep(i) only because both run on thread group 'default' and the default stream, and would race on other thread groups or streams: add ("Forward", "OptimizerStep") to inter_iter_deps
-what each task touched:
-  Prepare        reads -; writes `ctx.x`
-  Forward        reads `ctx.x`, `model.bias`, `model.weight`; writes `ctx.loss`
-  Backward       reads `ctx.loss`; writes `model.bias.grad`, `model.weight.grad`
-  OptimizerStep  reads `model.bias.grad`, `model.weight.grad`; writes `model.bias`, `model.bias.grad`, `model.weight`, `model.weight.grad`"""
+SMALL_REPORT = (  # the long lines are split here in the source only
+    "plan analysis (one serial iteration, iter_idx 0): Prepare, Forward, Backward, OptimizerStep\n"
+    "missing dependencies: 1\n"
+    "  - Forward reads `ctx.x`, which Prepare writes; in a pipelined run Forward(i) may run before Prepare(i): "
+    "add (\"Forward\", \"Prepare\") to intra_iter_deps\n"
+    "warnings (ordered only by the placement): 1\n"
+    "  - Forward reads `model.bias`, `model.weight`, which OptimizerStep writes; Forward(i+1) runs after "
+    "OptimizerStep(i) only because both run on thread group 'default' and the default stream, and would race on "
+    "other thread groups or streams: add (\"Forward\", \"OptimizerStep\") to inter_iter_deps\n"
+    "what each task touched:\n"
+    "  Prepare        reads -; writes `ctx.x`\n"
+    "  Forward        reads `ctx.x`, `model.bias`, `model.weight`; writes `ctx.loss`\n"
+    "  Backward       reads `ctx.loss`; writes `model.bias.grad`, `model.weight.grad`\n"
+    "  OptimizerStep  reads `model.bias.grad`, `model.weight.grad`; writes `model.bias`, `model.bias.grad`, "
+    "`model.weight`, `model.weight.grad`")
 
 
 def test_the_report_of_a_small_plan() -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
 from engine_helpers import ExecLog, sparse_dist_plan
-from swpipeline import DataFlowPipeline, PipelinePlan, SWPipeline, TaskSchedule, simulate
+from swpipeline import DataFlowPipeline, EngineOverheads, PipelinePlan, SWPipeline, TaskSchedule, simulate
 from swpipeline.timeline import Timeline
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -99,11 +100,13 @@ def test_gantt_chart_of_many_iterations_draws_hatched_runs(tmp_path: Path) -> No
     check_png(path, min_colors=12)
 
 
-def simulated_timeline(iterations: int, lanes_plan: str = "two") -> Timeline:
+def simulated_timeline(iterations: int, lanes_plan: str = "two",
+                       overheads: Optional[EngineOverheads] = None) -> Timeline:
 
     if lanes_plan == "two":
         plan = PipelinePlan({"Load": TaskSchedule(0, "io", "io"), "Fwd": TaskSchedule(1)}, [("Fwd", "Load")])
-        return simulate(plan, {"Load": 0.002, "Fwd": 0.003}, iterations, data_seconds=0.025).timeline()
+        return simulate(plan, {"Load": 0.002, "Fwd": 0.003}, iterations, data_seconds=0.025,
+                        overheads=overheads).timeline()
     return simulate(PipelinePlan({"Fwd": TaskSchedule(0)}), {"Fwd": 0.003}, iterations).timeline()
 
 
@@ -111,14 +114,15 @@ def test_the_time_axis_starts_at_the_start_of_the_run() -> None:
     pytest.importorskip("matplotlib")
     from swpipeline.charts import gantt_figure
 
-    timeline = simulated_timeline(12)
+    timeline = simulated_timeline(12, overheads=EngineOverheads.zero())
     first = min(min(r.ready, r.cpu_start) for r in timeline.records)
-    assert first > 0.025  # the first batch took 25 ms to load: nothing ran before
+    assert first == 0.025  # the first batch took 25 ms to load: nothing ran before
     for window in (None, (0, 7)):
         ax = gantt_figure(timeline, iterations=window).axes[0]
         assert ax.get_xlim()[0] == 0.0
     later = gantt_figure(timeline, iterations=(5, 7)).axes[0]
-    assert later.get_xlim()[0] > 25.0  # a window of later iterations starts with them
+    window_start = min(min(r.ready, r.cpu_start) for r in timeline.records if 5 <= r.iteration <= 7)
+    assert later.get_xlim()[0] == window_start * 1e3  # a window of later iterations starts with them (in ms)
 
 
 @pytest.mark.parametrize("iterations, lanes", [(20, "two"), (20, "one"), (45, "one")])

@@ -116,8 +116,8 @@ def test_sequencer_runs_in_sequence_and_times_out_naming_the_task() -> None:
     assert out == [0, 1, 2, 3]
     seq.assign((1, 7), "AllReduce")
     seq.assign((2, 7), "AllToAll")
-    with pytest.raises(SequencerTimeoutError, match=r"'AllToAll' \(iteration 7\) waited 0.1 s for its turn #5; "
-                                                    r"the sequencer is still at #4 \(the turn belongs to 'AllReduce'\)"):
+    with pytest.raises(SequencerTimeoutError, match=r"'AllToAll' \(iteration 7\) waited 0.1 s for its turn #5; the "
+                                                    r"sequencer is still at #4 \(the turn belongs to 'AllReduce'\)"):
         seq.run_in_turn((2, 7), lambda: None, timeout=0.1, task="AllToAll", iter_idx=7)
     with pytest.raises(SequencerTimeoutError, match=r"waited 0.1 s for its turn, which was never assigned"):
         seq.run_in_turn((9, 9), lambda: None, timeout=0.1, task="Late", iter_idx=9)

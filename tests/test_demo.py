@@ -1,4 +1,4 @@
-"""Tests of ``swpipeline demo`` (src/swpipeline/demo.py): the command, its plan, its data and its check.
+"""Tests of ``swpipeline demo`` (src/swpipeline/demo/): the command, its plan, its data and its check.
 
 Wall-clock times and speedups are printed by the demo, never asserted here.
 """
@@ -16,6 +16,7 @@ import torch
 
 from swpipeline import CPUDevice, Device, SimulatedDevice, demo
 from swpipeline.cli import main
+from swpipeline.demo import command as demo_command
 
 # Small enough that every test runs in well under a second.
 TINY = replace(demo.DemoConfig(), iters=6, batch_size=32, warmup_iters=2, table_sizes=(50, 30, 20),
@@ -168,7 +169,7 @@ def test_run_demo_exits_1_and_says_where_losses_differ(monkeypatch: pytest.Monke
             result.losses[3] += 1e-6
         return result
 
-    monkeypatch.setattr(demo, "timed_run", perturbed)
+    monkeypatch.setattr(demo_command, "timed_run", perturbed)  # where run_demo finds it
     assert demo.run_demo(TINY, CPUDevice()) == 1
     assert "losses equal: NO: first difference at iteration 3" in capsys.readouterr().out
 
@@ -225,8 +226,9 @@ def test_thread_split_shows_how_much_the_threads_slowed_each_other_down() -> Non
     plan = demo.TrainingJob(TINY, CPUDevice()).plan
     serial = demo.RunResult("serial", 3.0, torch.zeros(1), {"PrepareBatch": 1.0, "CopyToDevice": 0.001,
                                                             "Forward": 0.5, "Backward": 1.0, "OptimizerStep": 0.5})
-    pipelined = demo.RunResult("pipelined", 2.5, torch.zeros(1), {"PrepareBatch": 1.5, "CopyToDevice": 0.002,
-                                                                  "Forward": 0.8, "Backward": 1.2, "OptimizerStep": 0.4})
+    pipelined = demo.RunResult("pipelined", 2.5, torch.zeros(1),
+                               {"PrepareBatch": 1.5, "CopyToDevice": 0.002, "Forward": 0.8, "Backward": 1.2,
+                                "OptimizerStep": 0.4})
     assert demo.format_thread_split(plan, serial, pipelined) == (
         "serial run, host time in each thread's tasks: prep 1.00 s, copy 0.00 s, default 2.00 s\n"
         "ideal pipelined speedup (threads fully overlapped) = total / largest = 1.50x\n"

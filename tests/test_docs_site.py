@@ -135,7 +135,8 @@ def _internal_modules() -> Set[str]:
     found |= {p.name for p in package.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
     words = {"plan", "schedule", "timeline", "device", "stats", "records", "modes", "errors", "cache", "table",
              "tasks", "stages", "streams", "cells", "plans", "feed", "pipeline", "partition", "randomness",
-             "costs"}
+             "costs", "model", "config", "data", "job", "runs", "report", "outputs", "command", "prepare", "steps",
+             "batches", "optim", "blocks", "compat", "variants"}
     return found - set(SUBPACKAGES) - words  # module names that are also everyday words of the docstrings
 
 

@@ -20,7 +20,7 @@ import _thread
 import gc
 import signal
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 import torch

@@ -76,17 +76,38 @@ def test_every_batch_is_processed_whatever_the_count(num_batches: int) -> None:
     assert swp_threads() == []
 
 
-def test_run_returns_seconds_and_results_flow_through_the_context() -> None:
+class TaskClock:
+    """A ``time.perf_counter`` that only tasks move, each by its cost: the seconds a run reports are exact."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._lock = threading.Lock()
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def spend(self, seconds: float) -> None:
+        with self._lock:  # tasks on several threads
+            self.now += seconds
+
+
+def test_run_returns_seconds_and_results_flow_through_the_context(monkeypatch: pytest.MonkeyPatch) -> None:
     out: List[int] = []
+    clock = TaskClock()
+    monkeypatch.setattr(time, "perf_counter", clock.perf_counter)
+    cost = {"A": 1.0, "B": 2.0, "C": 4.0}  # seconds, exact in binary
 
     def double(ctx: IterContext) -> None:
+        clock.spend(cost["A"])
         ctx.y = ctx.batch * 2
 
     def add_one(ctx: IterContext) -> None:
+        clock.spend(cost["B"])
         ctx.z = ctx.y + 1
         del ctx.y
 
     def collect(ctx: IterContext) -> None:
+        clock.spend(cost["C"])
         out.append(ctx.z)
 
     a, b, c = PipelineTask("A", double), PipelineTask("B", add_one), PipelineTask("C", collect)
@@ -94,9 +115,9 @@ def test_run_returns_seconds_and_results_flow_through_the_context() -> None:
                          c: TaskSchedule(stage=1)}, intra_iter_deps=[(b, a), (c, b)])
     pipe = SWPipeline(plan, device="cpu")
     elapsed = pipe.run(range(20))
-    assert isinstance(elapsed, float) and elapsed > 0
+    assert isinstance(elapsed, float) and elapsed == 20 * sum(cost.values())  # from the fill to the last retire
     assert out == [2 * k + 1 for k in range(20)]
-    assert pipe.run_serial(range(3)) > 0
+    assert pipe.run_serial(range(3)) == 3 * sum(cost.values())
     assert out[20:] == [1, 3, 5]
 
 
@@ -201,26 +222,16 @@ def test_run_serial_uses_the_calling_thread_in_topological_order() -> None:
 
 
 def test_tasks_on_one_stream_never_overlap_on_cpu() -> None:
-    # Two thread groups share the stream "lane": like kernels on one GPU stream, they must not overlap.
-    intervals: List[tuple[str, float, float]] = []
-    lock = threading.Lock()
-
-    def busy(name: str) -> Any:
-        def fn(ctx: IterContext) -> None:
-            start = time.perf_counter()
-            time.sleep(0.002)
-            with lock:
-                intervals.append((name, start, time.perf_counter()))
-        return fn
-
-    a, b = PipelineTask("A", busy("A")), PipelineTask("B", busy("B"))
-    plan = PipelinePlan({a: TaskSchedule(stage=0, stream="lane", thread_group="g1"),
-                         b: TaskSchedule(stage=1, stream="lane", thread_group="g2")})
-    SWPipeline(plan, device="cpu").run(range(15))
-    intervals.sort(key=lambda x: x[1])
-    assert len(intervals) == 30
-    for (_, _, end), (_, start, _) in zip(intervals, intervals[1:]):
-        assert end <= start
+    # Two thread groups share the stream "lane": like kernels on one GPU stream, they must not overlap, and
+    # they take turns in the schedule's order: period p runs A(p) and B(p - 1), in the enqueue order.
+    log = ExecLog()
+    pipe = SWPipeline(make_plan(log, {"A": (0, "lane", "g1"), "B": (1, "lane", "g2")}), device="cpu")
+    pipe.run(range(15))
+    stage = {"A": 0, "B": 1}
+    turns = [(task, period - stage[task]) for period in range(16) for task in pipe.enqueue_order
+             if 0 <= period - stage[task] < 15]
+    assert [(kind, task, i) for _, kind, task, i, _ in log.events] == [
+        (kind, task, i) for task, i in turns for kind in ("start", "end")]
 
 
 def test_device_resolution(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -279,10 +290,13 @@ def test_ranges_are_annotated_only_when_a_profiler_records(monkeypatch: pytest.M
 
 def test_emit_nvtx_is_ignored_without_cuda(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("swpipeline.annotations.nvtx_available", lambda: False)
-    pipe = SWPipeline(sparse_dist_plan(ExecLog()), device="cpu")
+    log = ExecLog()
+    plan = sparse_dist_plan(log)
+    pipe = SWPipeline(plan, device="cpu")
     with caplog.at_level(logging.WARNING, logger="swpipeline"):
-        assert pipe.run(range(3), emit_nvtx=True) > 0
+        pipe.run(range(3), emit_nvtx=True)
     assert "emit_nvtx=True ignored" in caplog.text
+    assert sorted(log.starts()) == sorted((task, i) for task in plan.task_names for i in range(3))  # it ran
 
 
 def test_emit_nvtx_opens_a_range_per_unit_where_cuda_is(caplog: pytest.LogCaptureFixture,
@@ -353,8 +367,9 @@ def test_missing_context_attribute_says_which_dependency_is_missing() -> None:
         ctx.out = ctx.x_gpu * 2
 
     plan = PipelinePlan({PipelineTask("Forward", forward): TaskSchedule()})
-    with pytest.raises(AttributeError, match=r"iteration 0 has no attribute 'x_gpu'; it has batch, iter_idx\. If another task sets 'x_gpu', that task "
-                                               r"must run first: declare it in intra_iter_deps"):
+    with pytest.raises(AttributeError, match=r"iteration 0 has no attribute 'x_gpu'; it has batch, iter_idx\. If "
+                                             r"another task sets 'x_gpu', that task must run first: declare it in "
+                                             r"intra_iter_deps"):
         SWPipeline(plan, device="cpu").run_one_serial_iter(None)
 
 

@@ -13,7 +13,8 @@ from typing import Any, Iterator, List
 
 import pytest
 
-from engine_helpers import ExecLog, MakePipe, drive, make_plan, sparse_dist_plan, swp_threads, wait_until
+from engine_helpers import (SPARSE_DIST_INTER, SPARSE_DIST_INTRA, ExecLog, MakePipe, check_dependencies, drive,
+                            make_plan, sparse_dist_plan, swp_threads, wait_until)
 from swpipeline import (DataFlowPipeline, DependencyTimeoutError, IterContext, PipelinePlan, PipelineTask,
                         ProgressTimeoutError, SWPipeline, TaskSchedule)
 
@@ -165,14 +166,18 @@ def test_data_iterator_that_raises_during_fill(make_pipe: MakePipe) -> None:
         yield 0
         raise ValueError("bad record")
 
-    pipe = make_pipe(sparse_dist_plan(ExecLog()), device="cpu")
+    log = ExecLog()
+    plan = sparse_dist_plan(log)
+    pipe = make_pipe(plan, device="cpu")
     with pytest.raises(ValueError, match="bad record"):
         pipe.fill_pipeline(batches())
     assert swp_threads() == []
     with pytest.raises(ValueError, match="bad record"):
         pipe.run(batches())
     assert swp_threads() == []
-    assert pipe.run(range(3)) > 0
+    log.events.clear()
+    pipe.run(range(3))  # runs again, every dependency held
+    assert check_dependencies(log, plan, 3) == 3 * len(SPARSE_DIST_INTRA) + 2 * len(SPARSE_DIST_INTER)
 
 
 def test_serial_run_annotates_task_errors(make_pipe: MakePipe) -> None:

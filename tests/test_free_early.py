@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine_helpers import swp_threads
-from swpipeline import (DataFlowPipeline, FreedAttributeError, IterContext, PipelinePlan, PipelineTask, SimulatedDevice, SWPipeline,
-                        TaskSchedule, analyze)
+from swpipeline import (DataFlowPipeline, FreedAttributeError, IterContext, PipelinePlan, PipelineTask,
+                        SimulatedDevice, SWPipeline, TaskSchedule, analyze)
 
 USES = {"A": ((), ("a",)), "B": (("a",), ("b",)), "C": (("a", "b"), ("c",)), "D": (("c",), ("out",))}
 USERS = {attr: {t for t, (r, w) in USES.items() if attr in r or attr in w} for attr in ("a", "b", "c", "out")}

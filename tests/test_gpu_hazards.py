@@ -9,7 +9,6 @@ accelerator API exercises ``TorchDevice``'s own stream switching without a GPU.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
@@ -18,7 +17,6 @@ import torch
 from engine_helpers import swp_threads
 from swpipeline import (DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, SharedStreamWarning,
                         SimulatedDevice, SWPipeline, TaskSchedule, TorchDevice)
-from swpipeline import lifetime
 
 ENGINES = ["SWPipeline", "DataFlowPipeline"]
 
@@ -363,6 +361,8 @@ def fake_accelerator(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_torch_device_switches_streams_per_call_and_thread(fake_accelerator: None) -> None:
     # A worker runs a task on the default stream while the caller's thread is inside `with default:`
     # (its own work on that stream). Entering the stream object from two threads at once breaks it.
+    # The caller enters once the worker is inside the task and stays inside until the unit has completed
+    # (progress() returns after the worker switched back), so the worker's whole switch-back happens then.
     started, release = threading.Event(), threading.Event()
     seen: List[str] = []
 
@@ -378,8 +378,7 @@ def test_torch_device_switches_streams_per_call_and_thread(fake_accelerator: Non
     assert started.wait(5)
     with DEFAULT:  # the caller uses the same stream object meanwhile
         release.set()
-        time.sleep(0.01)
-    assert pipe.progress(it) == 0
+        assert pipe.progress(it) == 0
     pipe.drain()
     assert seen == ["default"]
     assert Accelerator.current.get() is DEFAULT
@@ -394,8 +393,9 @@ def test_torch_device_named_streams_get_their_priority(fake_accelerator: None) -
 
 def test_devices_refuse_what_they_cannot_be(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("swpipeline.device.machine_accelerator", lambda: None)  # whatever this machine has
-    with pytest.raises(ValueError, match=r"TorchDevice\('cpu'\): this machine's accelerator is absent; a TorchDevice "
-                                         r"drives an accelerator \(for the CPU, pass device=\"cpu\" or CPUDevice\(\)\)"):
+    with pytest.raises(ValueError, match=r"TorchDevice\('cpu'\): this machine's accelerator is absent; a "
+                                         r"TorchDevice drives an accelerator \(for the CPU, pass device=\"cpu\" or "
+                                         r"CPUDevice\(\)\)"):
         TorchDevice("cpu")
     with pytest.raises(TypeError, match=r"SimulatedDevice: behind_host must be True or False, got 'yes'"):
         SimulatedDevice(behind_host="yes")  # type: ignore[arg-type]

@@ -225,5 +225,11 @@ def test_print_schedule_lists_each_streams_tasks_in_the_order_they_run() -> None
     plan, _ = training(model(), (1, 2, 2))
     pipe = SWPipeline(plan, device="cpu")
     assert [t for t in pipe.enqueue_order if t != "prep"] == ["bwd", "step", "fwd"]  # the default stream's order
-    rows = [line.split()[1] for line in pipe.format_schedule(4).splitlines()[2:]]
-    assert rows == ["bwd", "step", "fwd", "prep"]
+    # stages: prep 0 (its own thread and stream), fwd 1, bwd and step 2; period p runs stage s on iteration p - s
+    assert pipe.format_schedule(4) == (
+        "#  Task              Thread  Stream       | P0    P1    P2    P3\n"
+        "-- ----------------- ------- ------------ + ----- ----- ----- -----\n"
+        "0  bwd               default default      | --    --    i0    i1\n"
+        "1  step              default default      | --    --    i0    i1\n"
+        "2  fwd               default default      | --    i0    i1    i2\n"
+        "3  prep              prep    prep         | i0    i1    i2    i3")

@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-import time
-from typing import Any, List
+from typing import Any, Dict
 
 import pytest
 
-from swpipeline import (IterContext, PipelinePlan, PipelineTask, ProfileResult, SWPipeline, TaskProfiler,
-                        TaskSchedule)
-
-
-def sleeper(ms: float) -> Any:
-    def fn(ctx: IterContext) -> None:
-        time.sleep(ms / 1000)
-        setattr(ctx, f"out{ms}", ms)
-    return fn
-
-
-def sleep_plan(costs_ms: List[float]) -> PipelinePlan:
-    tasks = [PipelineTask(f"T{ms:g}ms", sleeper(ms)) for ms in costs_ms]
-    return PipelinePlan({t: TaskSchedule() for t in tasks},
-                        intra_iter_deps=[(b, a) for a, b in zip(tasks, tasks[1:])])
+from swpipeline import IterContext, PipelinePlan, PipelineTask, ProfileResult, SWPipeline, TaskProfiler, TaskSchedule
 
 
 class VirtualClock:
@@ -39,13 +24,18 @@ class VirtualClock:
             setattr(ctx, name, ms)
         return PipelineTask(name, fn)
 
+    def chain(self, costs_ms: Dict[str, float]) -> PipelinePlan:
+        """One task per ``{name: ms}``, each after the one before."""
+        tasks = [self.task(name, ms) for name, ms in costs_ms.items()]
+        return PipelinePlan({t: TaskSchedule() for t in tasks},
+                            intra_iter_deps=[(b, a) for a, b in zip(tasks, tasks[1:])])
+
 
 def test_exposed_times_are_what_each_task_costs(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = VirtualClock()
     monkeypatch.setattr("swpipeline.profiler.time", clock)
     costs = {"T1ms": 1.0, "T9ms": 9.0, "T3ms": 3.0, "T0ms": 0.0}
-    tasks = [clock.task(name, ms) for name, ms in costs.items()]
-    plan = PipelinePlan({t: TaskSchedule() for t in tasks}, intra_iter_deps=[(b, a) for a, b in zip(tasks, tasks[1:])])
+    plan = clock.chain(costs)
     result = TaskProfiler(SWPipeline(plan, device="cpu")).profile(None, num_warmup=1, num_measure=4, num_rounds=3)
     assert list(result.exposed_s) == list(costs)  # serial order
     assert result.exposed_s == pytest.approx({name: ms / 1000 for name, ms in costs.items()}, abs=1e-12)
@@ -73,20 +63,26 @@ def test_a_drifting_machine_is_cancelled_by_pairing(monkeypatch: pytest.MonkeyPa
                                               "B": 0.010 * 1.1 ** 3 - 0.002 * 1.1 ** 4}, abs=1e-12)
 
 
-def test_profiling_restores_the_shortcut_state_and_respects_skip_tasks() -> None:
-    pipe = SWPipeline(sleep_plan([0, 0.5, 0.25]), device="cpu")
+def test_profiling_restores_the_shortcut_state_and_respects_skip_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = VirtualClock()
+    monkeypatch.setattr("swpipeline.profiler.time", clock)
+    costs = {"T0ms": 0.0, "T0.5ms": 0.5, "T0.25ms": 0.25}
+    pipe = SWPipeline(clock.chain(costs), device="cpu")
     pipe.enable_shortcut("T0.5ms")
     pipe.run_one_serial_iter(None)  # builds the cache
-    cache = pipe._shortcuts.caches["T0.5ms"]
+    cache = pipe._shortcut.table.caches["T0.5ms"]
     result = TaskProfiler(pipe).profile(None, num_warmup=0, num_measure=2, num_rounds=1, skip_tasks={"T0ms"})
+    # the baseline runs every task (the shortcut is off while profiling), the skipped one too
+    assert result.baseline_s == pytest.approx(sum(costs.values()) / 1000, abs=1e-12)
+    assert result.exposed_s == pytest.approx({"T0.5ms": 0.5 / 1000, "T0.25ms": 0.25 / 1000}, abs=1e-12)
     assert list(result.exposed_s) == ["T0.5ms", "T0.25ms"]
-    assert pipe.shortcuts == ["T0.5ms"] and pipe._shortcuts.caches["T0.5ms"] is cache
-    assert [TaskProfiler(pipe).profile_many([None, None], num_warmup=0, num_measure=1, num_rounds=1)[k].baseline_s > 0
-            for k in range(2)] == [True, True]
+    assert pipe.shortcuts == ["T0.5ms"] and pipe._shortcut.table.caches["T0.5ms"] is cache
+    many = TaskProfiler(pipe).profile_many([None, None], num_warmup=0, num_measure=1, num_rounds=1)
+    assert [r.baseline_s for r in many] == pytest.approx([sum(costs.values()) / 1000] * 2, abs=1e-12)
 
 
 def test_invalid_arguments_and_state() -> None:
-    pipe = SWPipeline(sleep_plan([0, 0.1]), device="cpu")
+    pipe = SWPipeline(VirtualClock().chain({"T0ms": 0.0, "T0.1ms": 0.1}), device="cpu")
     profiler = TaskProfiler(pipe)
     with pytest.raises(ValueError, match="num_measure must be an int >= 1"):
         profiler.profile(None, num_measure=0)

@@ -5,9 +5,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pkgutil
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,9 +12,10 @@ import pytest
 import swpipeline
 
 EXPORTED = {
-    "CPUDevice", "DataFlowPipeline", "DeclaredIO", "DependencyTimeoutError", "Device", "FreedAttributeError", "IterContext", "PipelinePlan", "PipelineTask",
-    "PipelineTimeoutError", "ProfileResult", "ProgressTimeoutError", "SWPipeline", "SequencerTimeoutError", "SharedStreamWarning", "SimulatedDevice",
-    "TaskProfiler", "TaskSchedule", "TorchDevice",
+    "CPUDevice", "DataFlowPipeline", "DeclaredIO", "DependencyTimeoutError", "Device", "FreedAttributeError",
+    "IterContext", "PipelinePlan", "PipelineTask", "PipelineTimeoutError", "ProfileResult", "ProgressTimeoutError",
+    "SWPipeline", "SequencerTimeoutError", "SharedStreamWarning", "SimulatedDevice", "TaskProfiler", "TaskSchedule",
+    "TorchDevice",
     "DependencyWait", "RunStats", "TaskRecord", "TaskStats", "Timeline",
     "PlanAnalysis", "RaceChecker", "RaceError", "analyze", "infer_deps", "task_generator",
     "EngineOverheads", "PathStep", "PlanSearch", "SimResult", "SimUnit", "TaskCost", "TaskCosts", "autoplan",

@@ -18,7 +18,7 @@ import torch
 
 from swpipeline import DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, RaceError, SWPipeline, TaskSchedule
 from swpipeline import analyze, infer_deps
-from swpipeline.shortcut import _Journal, _RecordingView
+from swpipeline.recording import Journal as _Journal, RecordingView as _RecordingView
 
 
 class Uses:
@@ -191,6 +191,6 @@ def test_a_checked_run_still_notes_what_goes_through_vars() -> None:
     with pytest.raises(RaceError) as info:
         SWPipeline(plan, device="cpu", check_races=True).run(range(2))
     assert str(info.value) == ("race on ctx.x: 'B' (iteration 0) reads ctx.x, which 'A' (iteration 0) writes, and no "
-                               "declared dependency orders the two (a serial run runs 'A' first): add (\"B\", \"A\") to "
-                               "intra_iter_deps")
+                               "declared dependency orders the two (a serial run runs 'A' first): "
+                               "add (\"B\", \"A\") to intra_iter_deps")
     assert [(t, d) for t, d, *_ in analyze(plan, None).missing_deps] == [("B", "A")]

@@ -144,7 +144,8 @@ def test_skip_marks_in_schedule_analysis_repr_and_ranges() -> None:
     assert "5  InputDistStart [skip] dist    data_dist    | --    .     ." in table.splitlines()
     assert "InputDistStart [skip]" in pipe.format_stage_analysis()
     assert " skip" in [line for line in pipe.format_stage_analysis().splitlines() if "[skip]" in line][0]
-    assert repr(pipe).startswith("SWPipeline(device=cpu, depth=3, tasks=[") and "shortcuts=['InputDistStart']" in repr(pipe)
+    assert repr(pipe).startswith("SWPipeline(device=cpu, depth=3, tasks=[")
+    assert "shortcuts=['InputDistStart']" in repr(pipe)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         pipe.run_serial(range(2))
     names = {e.name for e in prof.events()}
@@ -279,8 +280,10 @@ def test_caching_ignores_what_another_thread_group_writes_meanwhile(engine: str)
 
     g, s = PipelineTask("Gate", gate), PipelineTask("Shortcut", shortcut)
     w, c = PipelineTask("Writer", writer), PipelineTask("Consume", consume)
-    plan = PipelinePlan({g: TaskSchedule(thread_group="g1", stream="s1"), s: TaskSchedule(thread_group="g1", stream="s1"),
-                         w: TaskSchedule(thread_group="g2", stream="s2"), c: TaskSchedule(thread_group="g3", stream="s3")},
+    plan = PipelinePlan({g: TaskSchedule(thread_group="g1", stream="s1"),
+                         s: TaskSchedule(thread_group="g1", stream="s1"),
+                         w: TaskSchedule(thread_group="g2", stream="s2"),
+                         c: TaskSchedule(thread_group="g3", stream="s3")},
                         intra_iter_deps=[(s, g), (c, s), (c, w)])
     # (max_depth=1: the manual Gate must not hold iteration i+1's Gate ahead of iteration i's Shortcut)
     pipe = SWPipeline(plan, device="cpu") if engine == "SWPipeline" else DataFlowPipeline(plan, max_depth=1,
@@ -311,8 +314,8 @@ def test_a_replaced_attribute_is_cached_even_when_the_new_object_reuses_the_old_
         ctx.a = box
 
     seen: List[int] = []
-    m, r, c = PipelineTask("Make", make), PipelineTask("Replace", replace), PipelineTask("Use",
-                                                                                     lambda ctx: seen.append(ctx.a.value))
+    m, r = PipelineTask("Make", make), PipelineTask("Replace", replace)
+    c = PipelineTask("Use", lambda ctx: seen.append(ctx.a.value))
     pipe = SWPipeline(PipelinePlan({m: TaskSchedule(), r: TaskSchedule(), c: TaskSchedule()},
                                    intra_iter_deps=[(r, m), (c, r)]), device="cpu")
     pipe.enable_shortcut("Replace")
@@ -339,7 +342,8 @@ def test_caching_is_invisible_to_the_other_tasks_on_the_same_context() -> None:
         other_done.set()
 
     ta, to = PipelineTask("A", a), PipelineTask("Other", other)
-    plan = PipelinePlan({ta: TaskSchedule(thread_group="g1", stream="s1"), to: TaskSchedule(thread_group="g2", stream="s2")})
+    plan = PipelinePlan({ta: TaskSchedule(thread_group="g1", stream="s1"),
+                         to: TaskSchedule(thread_group="g2", stream="s2")})
     pipe = SWPipeline(plan, device="cpu")
     pipe.enable_shortcut("A")
     pipe.run(range(3))

@@ -1,9 +1,12 @@
 """The completion board: completing takes no lock unless someone waits, and no wake-up is lost.
 
-A lost wake-up shows as a wait that sleeps until its timeout although the task completed:
-each test gives the waits a timeout far longer than the test needs and fails on it.
-The interleavings that could lose a wake-up are forced by widening the gap between the two
-reads involved (a list whose reads sleep), and searched by switching threads constantly.
+A lost wake-up shows as a wait that sleeps until its timeout although the task completed. The
+interleavings that could lose one are forced, never left to timing: a hook on one of the board's
+lists stops a thread right after a read, or tells the test the thread got there (a waiter that
+reads the counter has registered and holds the lock until it sleeps), and the test makes the
+other side act at that point. Each waiter runs on its own thread with a timeout far longer than
+the test; one that has not returned ``BOUND`` seconds after its wake-up was due was not woken
+(``Waiter.outcome``). The remaining interleavings are searched by switching threads constantly.
 """
 
 from __future__ import annotations
@@ -11,36 +14,82 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, List
+from typing import Any, Callable, List, Tuple
 
 import pytest
 
 from swpipeline.errors import DependencyTimeoutError, PipelineAborted
 from swpipeline.signals import CompletionBoard
 
+BOUND = 10.0  # seconds a forced step may take on a busy machine before the test fails (never reached when it passes)
+NEVER = 600.0  # the waits' own timeout: a waiter back within BOUND was woken, it did not time out
 
-class SlowReads(list):  # type: ignore[type-arg]
-    """A list whose reads from one thread sleep after reading: widens the gap before that thread's next step."""
 
-    def __init__(self, values: List[int], slow_thread: threading.Thread, delay: float) -> None:
+class Checkpoint:
+    """A point in one thread's run: ``reached`` is set when the thread gets there (once), ``seen`` says what it
+    read there, and with ``hold`` it stays there until ``release()``."""
+
+    def __init__(self, hold: bool = False) -> None:
+        self.hold = hold
+        self.reached, self._released = threading.Event(), threading.Event()
+        self.seen: List[int] = []
+
+    def __call__(self, value: int) -> None:
+        if self.reached.is_set():
+            return
+        self.seen.append(value)
+        self.reached.set()
+        if self.hold and not self._released.wait(BOUND):
+            raise RuntimeError(f"a thread held at a checkpoint was not released within {BOUND:g} s")
+
+    def wait(self) -> None:
+        assert self.reached.wait(BOUND), f"the thread did not reach its checkpoint within {BOUND:g} s"
+
+    def release(self) -> None:
+        self._released.set()
+
+
+class OnRead(list):  # type: ignore[type-arg]
+    """A list that calls ``checkpoint(value)`` after each read made by one thread (the board's counters are
+    lists, read one item at a time)."""
+
+    def __init__(self, values: List[int], thread: threading.Thread, checkpoint: Callable[[int], None]) -> None:
         super().__init__(values)
-        self.slow_thread, self.delay = slow_thread, delay
+        self.thread, self.checkpoint = thread, checkpoint
 
     def __getitem__(self, index: Any) -> Any:
         value = super().__getitem__(index)
-        if threading.current_thread() is self.slow_thread:
-            time.sleep(self.delay)
+        if threading.current_thread() is self.thread:
+            self.checkpoint(value)
         return value
 
 
-def _complete_later(board: CompletionBoard, task: int, iteration: int, delay: float) -> threading.Thread:
-    def complete() -> None:
-        time.sleep(delay)
-        board.complete(task, iteration)
+class Waiter:
+    """A wait run on a thread of its own (daemon: a lost one cannot keep the process alive)."""
 
-    thread = threading.Thread(target=complete)
-    thread.start()
-    return thread
+    def __init__(self, board: CompletionBoard, wait: Callable[[], Any]) -> None:
+        self.board = board
+        self.result: List[Tuple[str, Any]] = []
+        self.thread = threading.Thread(target=self._run, args=(wait,), name="waiter", daemon=True)
+
+    def _run(self, wait: Callable[[], Any]) -> None:
+        try:
+            self.result.append(("returned", wait()))
+        except Exception as exc:
+            self.result.append(("raised", type(exc)))
+
+    def start(self) -> "Waiter":
+        self.thread.start()
+        return self
+
+    def outcome(self, woken_by: str) -> Tuple[str, Any]:
+        """What the wait returned (or raised), once it returned: within BOUND, else its wake-up was lost."""
+        self.thread.join(BOUND)
+        if self.thread.is_alive():
+            self.board.abort()  # wake it, so that it ends, before failing
+            self.thread.join(BOUND)
+            pytest.fail(f"lost wake-up: the waiter still slept {BOUND:g} s after {woken_by}")
+        return self.result[0]
 
 
 def test_complete_takes_no_lock_when_nobody_waits() -> None:
@@ -53,64 +102,82 @@ def test_complete_takes_no_lock_when_nobody_waits() -> None:
 
 
 def test_a_waiter_that_registers_while_the_completer_is_between_its_two_steps_is_not_lost() -> None:
-    # The completer is slow right after reading the waiter count (none yet): the waiter registers in that
-    # gap. The counter was written before that read, so the waiter reads it and returns at once; a
-    # completer that read the count before writing the counter would leave the waiter asleep.
+    # The completer is held right after reading the waiter count (none yet); the waiter registers in that gap.
+    # Nobody will notify it (the completer saw no waiter), so it must find the counter written and return
+    # while the completer is still held. A completer that read the count before writing the counter would
+    # leave the waiter asleep.
     board = CompletionBoard(["A"])
-    completer = threading.Thread(target=board.complete, args=(0, 0))
-    board._waiters = SlowReads([0], completer, 0.05)
+    completer = threading.Thread(target=board.complete, args=(0, 0), name="completer")
+    read_the_count = Checkpoint(hold=True)
+    board._waiters = OnRead([0], completer, read_the_count)
     completer.start()
-    time.sleep(0.01)
-    start = time.monotonic()
-    board.wait_task(0, 0, 5.0, "B", 0)
-    completer.join()
-    assert board.done == [1]
-    assert time.monotonic() - start < 1.0  # a lost wake-up would sleep the whole 5 s
+    try:
+        read_the_count.wait()
+        assert read_the_count.seen == [0] and board.done == [1]  # counter written, then no waiter seen
+        waiter = Waiter(board, lambda: board.wait_task(0, 0, NEVER, "B", 0)).start()
+        assert waiter.outcome("registering (the completer held, it cannot notify)") == ("returned", None)
+        assert completer.is_alive()  # still held: the waiter returned without any notify
+    finally:
+        read_the_count.release()
+        completer.join(BOUND)
+    assert not completer.is_alive() and board.done == [1] and board._waiters == [0]
 
 
 def test_a_waiter_slow_between_registering_and_sleeping_is_woken() -> None:
-    # The waiter registered and is slow to read the counter (holding the lock): the completer writes the
-    # counter, sees the waiter and notifies it once it sleeps (the notify needs the lock the waiter holds).
+    # The waiter registered and is held right after reading the counter (0), holding the lock. The completer
+    # writes the counter and sees the waiter; only then does the waiter go on to sleep. The completer's
+    # notify needs the lock the waiter holds until it sleeps, so the notify comes after and wakes it.
     board = CompletionBoard(["A"])
-    waiter_done: List[float] = []
-
-    def wait() -> None:
-        board.wait_task(0, 0, 5.0, "B", 0)
-        waiter_done.append(time.monotonic())
-
-    waiter = threading.Thread(target=wait)
-    board.done = SlowReads([0], waiter, 0.05)
+    waiter = Waiter(board, lambda: board.wait_task(0, 0, NEVER, "B", 0))
+    read_the_counter = Checkpoint(hold=True)
+    board.done = OnRead([0], waiter.thread, read_the_counter)
     waiter.start()
-    time.sleep(0.01)  # the waiter is now inside its slow read, lock held
-    start = time.monotonic()
-    board.complete(0, 0)
-    waiter.join()
-    assert waiter_done and waiter_done[0] - start < 1.0
+    completer = threading.Thread(target=board.complete, args=(0, 0), name="completer")
+    try:
+        read_the_counter.wait()
+        assert read_the_counter.seen == [0] and board._waiters == [1] and board.lock.locked()
+        read_the_count = Checkpoint()
+        board._waiters = OnRead([1], completer, read_the_count)
+        completer.start()
+        read_the_count.wait()
+        assert read_the_count.seen == [1] and board.done == [1]  # counter written, the waiter seen: it notifies
+    finally:
+        read_the_counter.release()  # the waiter goes on to sleep, which lets the completer's notify in
+    assert waiter.outcome("the completer saw it") == ("returned", None)
+    completer.join(BOUND)
+    assert not completer.is_alive() and board._waiters == [0]
 
 
 @pytest.mark.parametrize("waits_for", ["task", "iteration"])
 def test_no_wake_up_is_lost_under_constant_thread_switches(waits_for: str) -> None:
+    # The completer completes round i only once the waiter has reached it, so every round races the
+    # waiter's registering and reading against the completer's writing and reading, thread switches in between.
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:
         board = CompletionBoard(["A", "B"])
         rounds = 300
+        reached = [-1]  # the round the waiter is in
 
-        def complete_all() -> None:
+        def wait_all() -> int:
             for i in range(rounds):
-                board.complete(0, i)
-                board.complete(1, i)
+                reached[0] = i
+                if waits_for == "task":
+                    board.wait_task(1, i, NEVER, "C", i)
+                    assert board.done[1] > i
+                else:
+                    assert board.wait_iteration(i, NEVER, lambda: board.aborted)
+                    assert board.is_iteration_done(i)
+            return rounds
 
-        completer = threading.Thread(target=complete_all)
-        completer.start()
+        waiter = Waiter(board, wait_all).start()
+        deadline = time.monotonic() + BOUND
         for i in range(rounds):
-            if waits_for == "task":
-                board.wait_task(1, i, 5.0, "C", i)
-                assert board.done[1] > i
-            else:
-                assert board.wait_iteration(i, 5.0, lambda: False)
-                assert board.is_iteration_done(i)
-        completer.join()
+            while reached[0] < i and time.monotonic() < deadline:  # the waiter was woken for round i - 1
+                time.sleep(0)  # (a yield)
+            board.complete(0, i)
+            board.complete(1, i)
+        assert waiter.outcome(f"the completer completed round {reached[0]}") == ("returned", rounds)
     finally:
         sys.setswitchinterval(old)
 
@@ -122,35 +189,48 @@ def test_wait_iteration_waits_for_every_task_and_times_out_naming_nothing_done()
     assert not board.is_iteration_done(0)
     assert board.wait_iteration(0, 0.05, lambda: False) is False
     assert board.unfinished(0) == ["B"]
-    thread = _complete_later(board, 1, 0, 0.02)
-    assert board.wait_iteration(0, 5.0, lambda: False) is True
-    thread.join()
+    # B completes while the waiter waits for it: failed() runs with the waiter registered on B and holding the
+    # lock, just before it sleeps; complete() then needs that lock to notify, so it wakes a sleeping waiter.
+    about_to_sleep = threading.Event()
+
+    def failed() -> bool:
+        about_to_sleep.set()
+        return board.aborted
+
+    waiter = Waiter(board, lambda: board.wait_iteration(0, NEVER, failed)).start()
+    assert about_to_sleep.wait(BOUND)
+    assert board.unfinished(0) == ["B"]
+    board.complete(1, 0)
+    assert waiter.outcome("B completed") == ("returned", True)
     assert board.is_iteration_done(0) and not board.is_iteration_done(1)
 
 
 def test_wait_iteration_returns_once_the_run_failed() -> None:
     board = CompletionBoard(["A"])
-    failed: List[bool] = []
+    checked: List[bool] = []
+    about_to_sleep = threading.Event()
 
-    def fail_later() -> None:
-        time.sleep(0.02)
-        failed.append(True)
-        board.abort()  # a failure aborts the board, which wakes every waiter
+    def failed() -> bool:  # checked with the waiter registered and holding the lock, before each sleep
+        checked.append(board.aborted)
+        about_to_sleep.set()
+        return board.aborted
 
-    thread = threading.Thread(target=fail_later)
-    thread.start()
-    assert board.wait_iteration(0, 5.0, lambda: bool(failed)) is True
-    thread.join()
-    assert board.done == [0]
+    waiter = Waiter(board, lambda: board.wait_iteration(0, NEVER, failed)).start()
+    assert about_to_sleep.wait(BOUND)
+    board.abort()  # a failure aborts the board, which wakes every waiter (once the waiter sleeps: the lock)
+    assert waiter.outcome("the abort") == ("returned", True)
+    assert checked == [False, True] and board.done == [0]
 
 
 def test_wait_task_raises_on_abort_and_on_timeout() -> None:
     board = CompletionBoard(["A"])
     with pytest.raises(DependencyTimeoutError, match="'A'"):
         board.wait_task(0, 0, 0.02, "B", 0)
-    thread = threading.Thread(target=lambda: (time.sleep(0.02), board.abort()))
-    thread.start()
-    with pytest.raises(PipelineAborted):
-        board.wait_task(0, 0, 5.0, "B", 0)
-    thread.join()
-    assert board._waiters == [0]
+    waiter = Waiter(board, lambda: board.wait_task(0, 0, NEVER, "B", 0))
+    read_the_counter = Checkpoint()  # registered, and holding the lock until it sleeps
+    board.done = OnRead([0], waiter.thread, read_the_counter)
+    waiter.start()
+    read_the_counter.wait()
+    board.abort()
+    assert waiter.outcome("the abort") == ("raised", PipelineAborted)
+    assert read_the_counter.seen == [0] and board._waiters == [0]

@@ -89,7 +89,8 @@ def test_engine_overheads_are_added_where_the_engine_spends_them() -> None:
     plan = chain(("A", 0, "a", "a"), ("B", 0, "b", "b"))
     overheads = EngineOverheads(wake=1, unit=0, period=2, retire=1, thread_start=5, thread_stop=3, serial_unit=0)
     result = simulate(plan, {"A": 10, "B": 10}, 2, overheads=overheads, caller_thread_group=None)
-    # every group on a worker: start 2 threads (10), hand out P0 (2), A wakes (1); B waits for A (+1); the caller wakes and retires (+2)
+    # every group on a worker: start 2 threads (10), hand out P0 (2), A wakes (1); B waits for A (+1); the caller
+    # wakes and retires (+2)
     assert spans(result) == [("A", 0, 13, 23), ("B", 0, 24, 34), ("A", 1, 39, 49), ("B", 1, 50, 60)]
     assert result.seconds == 70  # ... hand out the empty P2 (2), stop 2 threads (6)
     assert [(s.kind, s.name, s.start, s.end) for s in result.critical_path] == [
@@ -248,11 +249,32 @@ def test_overheads_measured_in_a_timeline() -> None:
     assert EngineOverheads.from_timeline(timeline) == EngineOverheads()  # too few samples: the constants
 
 
-def test_calibrate_measures_this_machine() -> None:
+def test_calibrate_measures_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The constants are what calibrate's docstring says, read off the timelines of its own probe runs.
     from swpipeline.planning.calibrate import calibrate
 
+    traced: Dict[Tuple[str, ...], Timeline] = {}
+    real_run = SWPipeline.run
+
+    def spy(self: SWPipeline, data: Any, *args: Any, **kwargs: Any) -> float:
+        seconds = real_run(self, data, *args, **kwargs)
+        if kwargs.get("trace") and self.timeline is not None:
+            traced[tuple(self.plan.task_names)] = self.timeline
+        return seconds
+
+    monkeypatch.setattr(SWPipeline, "run", spy)
     measured = calibrate(iterations=40)
-    assert measured.wake > 0 and measured.unit > 0  # a hand-off between threads is never free
+    hop, many = traced.pop(("A", "B")), traced.pop(tuple(f"T{j}" for j in range(16)))
+    assert traced == {}
+    a, b = hop.for_task("A"), hop.for_task("B")
+    wake = max(0.0, statistics.median(y.cpu_start - x.cpu_end for x, y in zip(a, b)))  # B waits for A
+    on_the_thread = sorted(many.records, key=lambda r: r.cpu_start)
+    unit = max(0.0, statistics.median(y.cpu_start - x.cpu_end for x, y in zip(on_the_thread, on_the_thread[1:])
+                                      if x.iteration == y.iteration))
+    round_trip = statistics.median(a[k + 1].cpu_start - b[k].cpu_end for k in range(len(a) - 1))
+    caller = max(0.0, round_trip - 2 * wake - unit)
+    assert (measured.wake, measured.unit) == (wake, unit)
+    assert (measured.period, measured.retire) == (caller * 2 / 3, caller / 3)
     with pytest.raises(ValueError, match="iterations must be an int >= 20, got 5"):
         calibrate(iterations=5)
 

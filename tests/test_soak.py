@@ -1,4 +1,8 @@
-"""Long runs with several thread groups: every dependency holds in every iteration, memory stays bounded."""
+"""Long runs with several thread groups: every dependency holds in every iteration, memory stays bounded.
+
+The 3,000-iteration soak is marked ``slow`` (``python -m pytest -m slow`` runs it); the default run
+checks the same things over 300 iterations.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +21,6 @@ from swpipeline import IterContext, SimulatedDevice, SWPipeline
 # Plans here put several thread groups on one stream on purpose (the turns are what is tested).
 pytestmark = pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning")
 
-ITERS = 3000
-
 
 def jitter(seed: int) -> Any:
     rng = random.Random(seed)
@@ -32,7 +34,8 @@ def jitter(seed: int) -> Any:
     return work
 
 
-def test_soak_dependencies_hold_and_memory_is_bounded() -> None:
+@pytest.mark.parametrize("iters", [300, pytest.param(3000, marks=pytest.mark.slow)])
+def test_soak_dependencies_hold_and_memory_is_bounded(iters: int) -> None:
     log = ExecLog()
     live: "weakref.WeakSet[IterContext]" = weakref.WeakSet()
     peak = [0]
@@ -59,10 +62,10 @@ def test_soak_dependencies_hold_and_memory_is_bounded() -> None:
                      work=work)
     pipe = SWPipeline(plan, device="cpu")
     base_threads = threading.active_count()
-    pipe.run(range(ITERS))
-    assert check_dependencies(log, plan, ITERS) == ITERS * 7 + (ITERS - 1) * 3
+    pipe.run(range(iters))
+    assert check_dependencies(log, plan, iters) == iters * 7 + (iters - 1) * 3
     for task in plan.task_names:  # every task ran every iteration once, in order
-        assert [i for t, i in log.starts() if t == task] == list(range(ITERS))
+        assert [i for t, i in log.starts() if t == task] == list(range(iters))
     # Contexts alive at once: the depth, plus the one a worker may still hold while moving on.
     assert pipe.depth <= peak[0] <= pipe.depth + 1
     # one worker per thread group, no more; run() runs the last stage's group on this thread

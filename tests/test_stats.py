@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 import statistics
 from typing import Dict, List
 
 import pytest
 
 from engine_helpers import ExecLog, sparse_dist_plan
-from swpipeline import DataFlowPipeline, RunStats, SWPipeline, TaskRecord, Timeline
+from swpipeline import DataFlowPipeline, DependencyWait, RunStats, SWPipeline, TaskRecord, Timeline
 from swpipeline.stats import busy_time, percentile, summarize
 
 
@@ -66,6 +67,11 @@ def test_run_stats_match_the_records(engine: str) -> None:
     assert all(0.0 <= v <= 1.0 for v in [*stats.thread_idle.values(), *stats.stream_idle.values()])
 
 
+def cells(line: str) -> List[str]:
+    """A row of a printed table, split at its column separators (two spaces or more)."""
+    return re.split(r" {2,}", line.strip())
+
+
 def test_stats_are_frozen_and_print_as_tables() -> None:
     pipe = SWPipeline(sparse_dist_plan(ExecLog()), device="cpu")
     pipe.run(range(5), trace=True)
@@ -77,18 +83,64 @@ def test_stats_are_frozen_and_print_as_tables() -> None:
         operator.setitem(stats.thread_idle, "io", 0.0)
     text = str(stats)
     assert text == stats.format()
-    lines = text.splitlines()
-    assert lines[0].startswith("SWPipeline on cpu: 5 iterations in ") and lines[0].endswith(" ms/iteration")
-    assert lines[2].split() == ["task", "thread", "stream", "runs", "median", "ms", "p95", "ms", "median", "wait",
-                                "ms", "share", "of", "wall"]
-    assert pipe.timeline is not None
-    assert [line.split()[0] for line in lines[4:12]] == list(pipe.timeline.tasks)
-    assert all(line.split()[3] == "5" for line in lines[4:12])
-    assert "lane" in lines[13] and "idle (bubbles)" in lines[13]
-    assert [" ".join(line.split()[:2]) for line in lines[15:]] == [
+    headline, blank, *lines = text.splitlines()
+    assert blank == ""
+    assert headline == (f"SWPipeline on cpu: 5 iterations in {stats.wall:.3f} s, {stats.throughput:.1f} iterations/s, "
+                        f"{stats.wall / 5 * 1e3:.2f} ms/iteration")
+    tasks, lanes = "\n".join(lines).split("\n\n")  # two tables, a blank line between
+    header, rule, *rows = tasks.splitlines()
+    assert cells(header) == ["task", "thread", "stream", "runs", "median ms", "p95 ms", "median wait ms",
+                             "share of wall"]
+    widths = [max(len(cell) for cell in column) for column in zip(*(cells(line) for line in (header, *rows)))]
+    assert rule == "  ".join("-" * width for width in widths)  # each column as wide as its widest cell
+    assert [cells(row) for row in rows] == [
+        [t.task, t.thread_group, t.stream, "5", f"{t.median * 1e3:.3f}", f"{t.p95 * 1e3:.3f}",
+         f"{t.median_wait * 1e3:.3f}", f"{t.share_of_wall:.1%}"] for t in stats.tasks]
+    assert pipe.timeline is not None and [t.task for t in stats.tasks] == list(pipe.timeline.tasks)
+    header, rule, *rows = lanes.splitlines()
+    assert cells(header) == ["lane", "busy", "idle (bubbles)"]
+    assert [cells(row) for row in rows] == [
+        [f"{kind} {name}", f"{1 - idle:.1%}", f"{idle:.1%}"] for kind, idles in (("thread", stats.thread_idle),
+                                                                                 ("stream", stats.stream_idle))
+        for name, idle in idles.items()]
+    assert [row[0] for row in map(cells, rows)] == [
         "thread io", "thread dist", "thread default", "stream memcpy", "stream data_dist", "stream default"]
     with pytest.raises(KeyError, match="no task 'Nope' ran in this run"):
         stats.task("Nope")
+
+
+def test_stats_print_exactly() -> None:
+    # Two iterations in 8 ms: Load (thread io, stream copy) runs 1 ms each; Train (thread and stream default)
+    # waits 0.5 ms for Load, then runs 2 ms and 3 ms. Train: median 2.5 ms, p95 the longer run (3 ms), 5 of
+    # the 8 ms (62.5%); Load 2 of 8 (25.0%); 2 iterations / 8 ms = 250.0 iterations/s, 4.00 ms each.
+    ms = 1e-3
+
+    def load(i: int, start: float) -> TaskRecord:
+        return TaskRecord(task="Load", iteration=i, thread_group="io", stream="copy", stage=0, period=i,
+                          ready=start * ms, cpu_start=start * ms, cpu_end=(start + 1) * ms)
+
+    def train(i: int, ready: float, start: float, end: float) -> TaskRecord:
+        return TaskRecord(task="Train", iteration=i, thread_group="default", stream="default", stage=1, period=i + 1,
+                          ready=ready * ms, cpu_start=start * ms, cpu_end=end * ms,
+                          waits=(DependencyWait("Load", i, ready * ms, start * ms),))
+
+    records = (load(0, 0), train(0, 0.5, 1, 3), load(1, 4), train(1, 4.5, 5, 8))
+    timeline = Timeline("SWPipeline", "cpu", 0.0, 8 * ms, records, ("Load", "Train"), ("io", "default"),
+                        ("copy", "default"))
+    assert str(summarize(timeline)) == """\
+SWPipeline on cpu: 2 iterations in 0.008 s, 250.0 iterations/s, 4.00 ms/iteration
+
+task   thread   stream   runs  median ms  p95 ms  median wait ms  share of wall
+-----  -------  -------  ----  ---------  ------  --------------  -------------
+Load   io       copy        2      1.000   1.000           0.000          25.0%
+Train  default  default     2      2.500   3.000           0.500          62.5%
+
+lane             busy  idle (bubbles)
+--------------  -----  --------------
+thread io       25.0%           75.0%
+thread default  62.5%           37.5%
+stream copy     25.0%           75.0%
+stream default  62.5%           37.5%"""
 
 
 def test_helpers() -> None:

@@ -7,6 +7,7 @@ and that derived figures equal what the records say.
 from __future__ import annotations
 
 import gc
+import json
 import threading
 import time
 from typing import Any, Dict, List, Tuple
@@ -210,7 +211,7 @@ def test_trace_path_writes_the_chrome_trace(tmp_path: Any) -> None:
     pipe = SWPipeline(sparse_dist_plan(ExecLog()), device="cpu")
     target = tmp_path / "sub" / "run.json"
     pipe.run(range(4), trace=target)
-    assert target.exists() and target.stat().st_size > 0
+    assert pipe.timeline is not None and json.loads(target.read_text()) == pipe.timeline.to_chrome_trace()
     pipe.run(range(4), trace=str(tmp_path / "again.json"))
     assert (tmp_path / "again.json").exists()
 

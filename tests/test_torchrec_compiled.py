@@ -39,4 +39,5 @@ def test_compiled_variant_equals_torchrec_and_the_plain_loop(ranks: List[Dict[st
         ours, theirs = res[f"ours/{name}"], res[f"torchrec/{name}"]
         assert ours.shape == theirs.shape == res["ref"].shape, f"rank {rank} {name}: step counts differ"
         assert close(ours, theirs), f"rank {rank} {name}: {(ours - theirs).abs().max().item():.3g} from TorchRec"
-        assert close(ours, res["ref"]), f"rank {rank} {name}: {(ours - res['ref']).abs().max().item():.3g} from the loop"
+        assert close(ours, res["ref"]), (f"rank {rank} {name}: {(ours - res['ref']).abs().max().item():.3g} from the "
+                                         f"loop")

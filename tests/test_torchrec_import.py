@@ -51,7 +51,8 @@ def test_a_torchrec_whose_kernels_do_not_load_gives_one_import_error(tmp_path: P
         tmp_path, 'raise OSError("/site/fbgemm_gpu/fbgemm_gpu_py.so: undefined symbol: _ZN3c1017RegisterOperators")\n')
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("ImportError: swpipeline.torchrec: ") and "undefined symbol: _ZN3c1017RegisterOperators" in last
+    assert last.startswith("ImportError: swpipeline.torchrec: ")
+    assert "undefined symbol: _ZN3c1017RegisterOperators" in last
     assert "pip install --no-deps torchrec==1.8.0" in last
 
 

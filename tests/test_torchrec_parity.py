@@ -34,7 +34,8 @@ def ranks() -> List[Dict[str, Any]]:
 
 def assert_equal_steps(got: Optional[torch.Tensor], want: Optional[torch.Tensor], what: str) -> None:
     if want is None or got is None:
-        assert got is None and want is None, f"{what}: one run had steps, the other none ({got is None}, {want is None})"
+        assert got is None and want is None, (f"{what}: one run had steps, the other none "
+                                              f"({got is None}, {want is None})")
         return
     assert got.shape == want.shape, f"{what}: {got.shape[0]} steps vs {want.shape[0]}"
     assert torch.equal(got, want), f"{what}: max difference {(got - want).abs().max().item():.3g}"

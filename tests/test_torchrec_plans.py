@@ -58,7 +58,8 @@ def test_print_schedule_equals_seed_001(name: str) -> None:
     assert pipeline(name).format_schedule(num_periods).split() == expected.split()
 
 
-SEMI_SYNC_TABLE = """# Task Thread Stream | P0 P1 P2 P3 P4 P5 -- ----------------- ------- ------------ + ----- ----- ----- ----- ----- -----
+SEMI_SYNC_TABLE = """# Task Thread Stream | P0 P1 P2 P3 P4 P5
+    -- ----------------- ------- ------------ + ----- ----- ----- ----- ----- -----
     0 ZeroGrad default default | -- -- -- i0 i1 i2 1 Forward default default | -- -- -- i0 i1 i2
     2 Backward default default | -- -- -- i0 i1 i2 3 EmbBackward default default | -- -- -- i0 i1 i2
     4 OptimizerStep default default | -- -- -- i0 i1 i2 5 InputDistStart default data_dist | -- i0 i1 i2 i3 i4
@@ -175,7 +176,8 @@ EXTRA_TABLES = {
         6 InputDistStart default data_dist | -- i0 i1 i2 7 InputDistWait default data_dist | -- i0 i1 i2"""),
     "prep thread": ("SparseDist", {"thread_groups": {"H2D": "prep"}}, 3, """
         # Task Thread Stream | P0 P1 P2 -- ----------------- ------- ------------ + ----- ----- -----
-        0 ZeroGrad default default | -- -- i0 1 WaitBatch default default | -- -- i0 2 Forward default default | -- -- i0
+        0 ZeroGrad default default | -- -- i0 1 WaitBatch default default | -- -- i0
+        2 Forward default default | -- -- i0
         3 Backward default default | -- -- i0 4 OptimizerStep default default | -- -- i0
         5 InputDistStart default data_dist | -- i0 i1 6 InputDistWait default data_dist | -- i0 i1
         7 H2D prep memcpy | i0 i1 i2"""),

@@ -47,4 +47,5 @@ def test_staged_equals_torchrecs_staged_pipeline(ranks: List[Dict[str, Any]]) ->
     for rank, res in enumerate(ranks):
         assert torch.equal(res["ours/StagedTrainPipeline"], res["torchrec/StagedTrainPipeline"]), f"rank {rank}"
         # TorchRec calls data_exhausted_callback at every step after the end; ours once
-        assert res["ours/StagedTrainPipeline/callbacks"]["fill"] == res["torchrec/StagedTrainPipeline/callbacks"]["fill"]
+        ours, theirs = res["ours/StagedTrainPipeline/callbacks"], res["torchrec/StagedTrainPipeline/callbacks"]
+        assert ours["fill"] == theirs["fill"]

@@ -70,7 +70,8 @@ def parity(rank: int, world_size: int) -> Dict[str, Any]:
     out: Dict[str, Any] = {"ref": _reference(batches)}
     model, _ = build_dlrm()
     out["ref_eval"] = _stack(eval_reference(model, batches))
-    for name in ("TrainPipelineBase", "TrainPipelineSparseDist", "TrainPipelineSparseDistLite", "EvalPipelineSparseDist"):
+    for name in ("TrainPipelineBase", "TrainPipelineSparseDist", "TrainPipelineSparseDistLite",
+                 "EvalPipelineSparseDist"):
         out[f"torchrec/{name}"] = _run(getattr(trec, name), batches)
         out[f"ours/{name}"] = _run(getattr(ours, name), batches)
     for name in ("TrainPipelineFusedSparseDist", "PrefetchTrainPipelineSparseDist", "EvalPipelineFusedSparseDist",
@@ -166,7 +167,8 @@ def _staged(out: Dict[str, Any], ours: Any, batches: List[Any]) -> None:
     out["ours/Staged"], out["ours/Staged/callbacks"] = _train_staged(ours.StagedTrainPipeline, batches)
     model, optimizer = build_dlrm()
     out["ref/Staged"] = _stack(train_reference(model, optimizer, [_halve(b) for b in batches]))
-    out["ours/Staged/table"] = ours.StagedTrainPipeline([_stage_named("data_copy"), _stage_named("halve")]).format_schedule(4)
+    staged = ours.StagedTrainPipeline([_stage_named("data_copy"), _stage_named("halve")])
+    out["ours/Staged/table"] = staged.format_schedule(4)
 
 
 def _stage_named(name: str) -> Any:

@@ -24,13 +24,13 @@ from .plan import IterContext as IterContext
 from .plan import PipelinePlan as PipelinePlan
 from .plan import PipelineTask as PipelineTask
 from .plan import TaskSchedule as TaskSchedule
-from .planning.autoplan import PlanSearch as PlanSearch
 from .planning.autoplan import autoplan as autoplan
 from .planning.autoplan import search_plan as search_plan
 from .planning.calibrate import calibrate as calibrate
 from .planning.costs import TaskCost as TaskCost
 from .planning.costs import TaskCosts as TaskCosts
 from .planning.overheads import EngineOverheads as EngineOverheads
+from .planning.search_result import PlanSearch as PlanSearch
 from .planning.sim_path import PathStep as PathStep
 from .planning.sim_result import SimResult as SimResult
 from .planning.sim_result import SimUnit as SimUnit

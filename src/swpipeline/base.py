@@ -1,9 +1,8 @@
 """_PipelineBase: the life cycle both engines share, driving one ``Run`` per fill.
 
-An engine supplies a *policy* for each run (``_new_policy``): when a task of an
-iteration is handed to its worker (``fill``, ``after_retire``, and optionally
-``after_complete``, called on the worker right after a unit completed). Everything
-else is here or in the modules this one composes:
+An engine supplies its release rule (``_rule``, see ``release.py``): when a unit is
+handed to its worker. ``handout.HandOut`` applies it for each run. Everything else is
+here or in the modules this one composes:
 
 * ``run.py``: the state of one fill (board, turns, events, workers, contexts,
   failure, stopping within one join budget), and the stragglers of ended runs;
@@ -22,7 +21,7 @@ so what the caller's frames hold is freed when the caller drops the exception.
 
 The step boundary. ``progress(it, advance=False)`` retires iteration k, then waits until
 every unit already handed out that can run without more being handed out has returned
-(``Policy.boundary``), and returns; nothing is handed out until ``advance()``. So in
+(``HandOut.boundary``), and returns; nothing is handed out until ``advance()``. So in
 between no task runs: a unit not waited for waits, directly or through others, for a
 unit not handed out (the boundary is the fixpoint of "its dependencies, its thread
 group's earlier units and its turns are done or will be"), and only ``advance()`` hands
@@ -38,56 +37,35 @@ import functools
 import math
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, Iterator, List, NoReturn, Optional, Protocol, Tuple, Union, cast
+from typing import Any, Callable, ContextManager, Iterable, Iterator, List, NoReturn, Optional, Tuple, Union, cast
 
 import torch
 
 from . import ordering, shutdown
-from .analysis.races import RaceChecker
+from .analysis.engine_hooks import engine_hooks
 from .analysis.report import PlanAnalysis
 from .annotations import resolve_emit_nvtx
 from .device import Device, DeviceSpec, resolve_device
 from .driving import DriverSeat, Occupancy, driving
-from .executor import AfterComplete, Launch, RunUnit, make_launches, make_unit_runner, traced
-from .lifetime import EarlyFree, attribute_uses
+from .executor import Launch, RunUnit, make_launches, make_unit_runner, traced
+from .handout import HandOut
+from .lifetime import EarlyFree
 from .modes import Modes, device_types
 from .plan import IterContext, PipelinePlan
 from .progress_line import ProgressLine, len_or_none
-from .run import ABANDONED, FAILED, FINISHED, Run, Stragglers
+from .run import ABANDONED, FAILED, FINISHED, HELD, Run, RunState, Stragglers
 from .errors import SharedStreamWarning, warn_caller
 from .runtime import bind_run, build_tasks, run_default_stream, shared_stream_message, shared_streams
+from .release import ReleaseRule
 from .schedule import Schedule
 from .serial import SerialBaseline
-from .shortcut import ShortcutSettings, ShortcutTable
-from .timeline import parse_trace
+from .shortcut import ShortcutSettings
+from .stats import RunStats
+from .timeline import Timeline, parse_trace
 from .tracing import Tracing
 from .worker import enter_worker_thread
 
 __all__: List[str] = []
-
-class Policy(Protocol):
-    """What an engine decides for one run: when units are handed to workers."""
-
-    @property
-    def after_complete(self) -> Optional[AfterComplete]: ...
-
-    def fill(self, data_iter: Iterator[Any]) -> None:
-        """Fetch the first batches and hand out what they allow."""
-
-    def resume(self, data_iter: Iterator[Any]) -> None:
-        """Fetch and hand out as ``fill`` does, once ``progress(None)`` has retired every iteration in flight."""
-
-    def after_retire(self, oldest: int, data_iter: Optional[Iterator[Any]]) -> None:
-        """Iteration ``oldest`` retired: fetch the next batch from ``data_iter`` (None: none) and hand out."""
-
-    def caller_through(self) -> Optional[int]:
-        """The last (virtual) period whose units of the caller's thread group this ``progress()`` call runs
-        (None: all it was handed)."""
-
-    def boundary(self) -> Dict[int, int]:
-        """Per task index, the last iteration of it that runs before more is handed out (see the module
-        docstring; a task absent runs nothing more)."""
-
 
 def _data_source(data_iter: object) -> Iterator[Any]:
     """``data_iter`` if it is an iterator; a TypeError otherwise (an iterable would start over on every call)."""
@@ -111,7 +89,7 @@ def _seconds(name: str, value: object) -> float:
     return float(value)
 
 
-class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
+class _PipelineBase:
     """Shared infrastructure of the pipeline engines (see the module docstring)."""
 
     def __init__(self, plan: PipelinePlan, num_slots: int, device: DeviceSpec = None, *,
@@ -144,23 +122,25 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
         self._by_name = {t.name: t for t in self._tasks}
         self._serial_order = [self._by_name[n] for n in ordering.serial_order(plan)]
         self._groups = list(dict.fromkeys(t.group for t in self._tasks))
-        self._shortcuts = ShortcutTable(plan.tasks)
-        self._race_checker = RaceChecker(plan) if check_races else None
-        self._free_uses = attribute_uses(plan, free_early, keep)
-        self._refresh_executors()
+        hooks = engine_hooks(plan, check_races=check_races, free_early=free_early, keep=keep)
+        self._race_checker = hooks.race_checker  # check_races=True: its warnings
+        self._free_uses = hooks.free_uses
+        # the pipeline's parts: its shortcut settings, its serial baseline, its tracing
+        self._shortcut = ShortcutSettings(self._tasks, hooks.task_wrapper)  # (no part refers back to the pipeline)
+        self._serial = SerialBaseline(self._serial_order, self.device, self._shortcut.label, type(self).__name__)
+        self._tracing = Tracing(self.device, type(self).__name__, self._serial.names)
         # a thread group run by the thread that drives the pipeline: in every fill / in run()
-        self._caller_group, self._run_group = self._caller_groups(caller_thread_group)
+        self._fill_caller_group, self._run_caller_group = self._caller_groups(caller_thread_group)
         self._run: Optional[Run] = None  # the current fill (None: idle)
         self._peak_live_contexts = 0
         self._stragglers = Stragglers()  # threads of ended runs that were still in a task
         self._seat = DriverSeat()
-        self._nvtx = False
-        Tracing.__init__(self)
+        self._nvtx = False  # NVTX ranges for the run in progress (run(emit_nvtx=True))
 
     # -- the run's life cycle ------------------------------------------------------------------
 
-    def _new_policy(self, run: Run) -> Policy:
-        raise NotImplementedError
+    _rule: ReleaseRule  # the engine's release rule (set by the engine's constructor)
+    _yield_after_hand_out = False  # let a worker just handed work take the GIL at once (see handout)
 
     def _caller_groups(self, value: object) -> Tuple[Optional[str], Optional[str]]:
         """``caller_thread_group`` as (the group on the caller's thread in every fill, the one in ``run()``)."""
@@ -181,7 +161,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
         """Why no group may run on the caller's thread with this engine's settings (None: it may)."""
         return None
 
-    def _start_run(self, data_iter: Iterator[Any], inline_group: Optional[str]) -> None:
+    def _start_run(self, data_iter: Iterator[Any], caller_group: Optional[str]) -> None:
         self._stragglers.check(self.join_timeout)
         default = run_default_stream(self.device, self._tasks)
         run = Run(bind_run(self._tasks, self.device, self._event_slots, default), self.device, self._event_slots,
@@ -190,35 +170,36 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
         self._run = run
         shutdown.track(run)
         try:
-            labels = {t.index: self._shortcuts.label(t.name) for t in self._tasks}
-            recorder = self._new_recorder(run.tasks, inline_group)
+            labels = {t.index: self._shortcut.label(t.name) for t in self._tasks}
+            recorder = self._tracing.new_recorder(run.tasks, caller_group)
             wait = recorder.timed_wait(run.board.wait_task) if recorder is not None else None
-            policy = self._new_policy(run)
+            handout = HandOut(run, self._schedule, self._rule, yield_after_hand_out=self._yield_after_hand_out)
             free = EarlyFree(self._free_uses).done if self._free_uses is not None else None
+            tasks = recorder.runtimes if recorder is not None else run.tasks  # a traced run times shadow tasks
 
             def executor(launch: Launch, timeout: float) -> RunUnit:
-                run_unit = make_unit_runner(run.board, self.device, launch, self._event_slots, timeout,
-                                            policy.after_complete, wait, free, run.batch_events, run.batch_streams)
-                return traced(run_unit, recorder) if recorder is not None else run_unit
+                run_unit = make_unit_runner(run.board, self.device, launch, tasks, self._event_slots, timeout, wait,
+                                            free, run.batch_events, run.batch_streams)
+                return traced(run_unit, recorder, self._rule.name == "clock") if recorder is not None else run_unit
 
             plain, annotated = make_launches(self.device, labels, self._nvtx)
             run_units = (executor(plain, self.signal_timeout), executor(annotated, self.signal_timeout))
-            inline_units = (executor(plain, run.inline_timeout), executor(annotated, run.inline_timeout))
-            run.policy = policy
+            caller_units = (executor(plain, run.caller_timeout), executor(annotated, run.caller_timeout))
+            run.handout = handout
             run.data_source = data_iter
             torch_threads, device, worker_init = torch.get_num_threads(), self.device, self.worker_init
 
             def enter(group: str) -> Callable[[], None]:  # must not hold the pipeline (see shutdown.py)
                 return functools.partial(enter_worker_thread, torch_threads, device, worker_init, group)
 
-            run.start_workers(self._groups, run_units, enter, inline_group, inline_units)
+            run.start_workers(self._groups, run_units, enter, caller_group, caller_units)
             run.watch(self)
             run.modes = Modes.capture(self._mode_types)
-            policy.fill(data_iter)
+            handout.fill(data_iter)
         except BaseException as exc:
             self._fail(run, exc)
 
-    def _end(self, run: Run, state: str) -> None:
+    def _end(self, run: Run, state: RunState) -> None:
         """Stop ``run`` (idempotent), remembering any straggler."""
         try:
             stragglers = run.stop(state)
@@ -266,9 +247,9 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
                 earlier run is still inside a task.
             TypeError: ``data_iter`` is not iterable.
         """
-        return self._fill(data_iter, self._caller_group)
+        return self._fill(data_iter, self._fill_caller_group)
 
-    def _fill(self, data_iter: Iterable[Any], inline_group: Optional[str]) -> Iterator[Any]:
+    def _fill(self, data_iter: Iterable[Any], caller_group: Optional[str]) -> Iterator[Any]:
         if self._active_run() is not None:
             raise RuntimeError("fill_pipeline() called while iterations are still in flight; call drain() first "
                                "(or keep calling progress() until StopIteration)")
@@ -276,7 +257,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
             it = iter(data_iter)
         except TypeError:
             raise TypeError(f"fill_pipeline: data_iter must be iterable, got {type(data_iter).__name__}") from None
-        self._start_run(it, inline_group)
+        self._start_run(it, caller_group)
         return it
 
     @driving
@@ -308,21 +289,21 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
         run = self._running(data_iter)
         if data_iter is not run.data_source and data_iter is not None:
             run.data_source = _data_source(data_iter)
-        if run.deferred is not None:
+        if run.state is HELD:
             raise RuntimeError("progress() while the last progress(advance=False) has not been followed by "
                                "advance(); call advance() first")
         if run.next_retire >= run.num_created:  # nothing in flight
             self._resume_or_finish(run, data_iter)
         try:
-            if run.inline is not None:
-                run.inline.run_queued(run.policy.caller_through())
+            if run.caller is not None:
+                run.caller.run_queued(run.handout.caller_through())
             oldest = run.retire_oldest()
             if advance:
                 run.modes = Modes.capture(self._mode_types)
-                run.policy.after_retire(oldest, data_iter)
+                run.handout.after_retire(oldest, data_iter)
             else:
-                run.deferred = (oldest, data_iter)
-                run.settle(run.policy.boundary())
+                run.hold(oldest, data_iter)
+                run.settle(run.handout.boundary())
             return oldest
         except BaseException as exc:
             self._fail(run, exc)
@@ -333,12 +314,11 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
         if data_iter is not None and not run.exhausted:
             try:
                 run.modes = Modes.capture(self._mode_types)
-                run.policy.resume(data_iter)
+                run.handout.resume(data_iter)
             except BaseException as exc:
                 self._fail(run, exc)
             if run.next_retire < run.num_created:
                 return
-        run.emptied = not run.exhausted
         self._end(run, FINISHED)
         raise StopIteration
 
@@ -348,7 +328,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
             raise RuntimeError("progress() called before fill_pipeline(); call fill_pipeline(data) first")
         if run.active:
             return run
-        if run.state == FINISHED:
+        if run.state is FINISHED:
             if run.emptied and data_iter is not None:
                 raise RuntimeError("progress(data) after progress(None) retired the last iteration in flight: that "
                                    "ended the run (StopIteration) and nothing was fetched from the data since; call "
@@ -364,12 +344,13 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
 
     def _advance(self, fetch: bool) -> None:
         run = self._active_run()
-        if run is None or run.deferred is None:
+        held = run.unhold() if run is not None else None
+        if run is None or held is None:
             return
-        (oldest, data_iter), run.deferred = run.deferred, None
+        oldest, data_iter = held
         try:
             run.modes = Modes.capture(self._mode_types)
-            run.policy.after_retire(oldest, data_iter if fetch else None)
+            run.handout.after_retire(oldest, data_iter if fetch else None)
         except BaseException as exc:
             self._fail(run, exc)
 
@@ -418,7 +399,7 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
             if run.active:  # an exception (an interrupt) left the loop above
                 self._end(run, ABANDONED)
             self._discard_run()
-        if run.state == FINISHED:
+        if run.state is FINISHED:
             self.device.synchronize()
 
     @driving
@@ -442,13 +423,13 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
             raise RuntimeError("run() while a fill_pipeline() run is in flight; finish it (progress() until "
                                "StopIteration, or drain()) or abandon() it first")
         record, trace_path = parse_trace(trace)  # a bad path is refused before anything runs
-        was_tracing = self._begin_traced_run(record or verbose)
+        was_tracing = self._tracing.begin(record or verbose)
         bar = ProgressLine(type(self).__name__, len_or_none(data_iter)) if verbose else None
         self._nvtx = resolve_emit_nvtx(emit_nvtx)
         start = time.perf_counter()
         try:
             with self._nvtx_context():
-                it = self._fill(data_iter, self._run_group)
+                it = self._fill(data_iter, self._run_caller_group)
                 while True:
                     try:
                         self._progress(it)
@@ -463,16 +444,91 @@ class _PipelineBase(SerialBaseline, ShortcutSettings, Tracing):
             raise
         finally:
             self._nvtx = False
-            self._end_traced_run(was_tracing)
+            self._tracing.end(was_tracing)
             if bar is not None:
                 bar.close()
-        self._publish_trace(trace_path, verbose)
+        self._tracing.publish(trace_path, verbose)
         return elapsed
 
     def _nvtx_context(self) -> Any:
         from .annotations import emit_nvtx_context
 
         return emit_nvtx_context() if self._nvtx else contextlib.nullcontext()
+
+    # -- the serial baseline, shortcuts and tracing: the pipeline's parts ------------------------
+
+    @property
+    def serial_order(self) -> List[str]:
+        """The tasks in the order a serial iteration runs them (topological; ties by stage, then name)."""
+        return self._serial.names
+
+    @driving
+    def run_one_serial_iter(self, batch: Any, iter_idx: int = 0) -> IterContext:
+        """Run one iteration serially on the calling thread, tasks in topological order.
+
+        Needs no fill_pipeline() and leaves no state behind. Returns the IterContext.
+        """
+        if self._active_run() is not None:
+            raise RuntimeError("run_one_serial_iter() while pipelined iterations are in flight; call drain() first")
+        return self._serial.iteration(batch, iter_idx)
+
+    @driving
+    def run_serial(self, data_iter: Iterable[Any], verbose: bool = False, emit_nvtx: bool = False) -> float:
+        """Run every batch serially (no threads, default stream) as a baseline; returns seconds."""
+        if self._active_run() is not None:
+            raise RuntimeError("run_serial() while pipelined iterations are in flight; call drain() first")
+        return self._serial.run(data_iter, verbose, resolve_emit_nvtx(emit_nvtx))
+
+    def enable_shortcut(self, *names: str) -> None:
+        """Shortcut these tasks: the next execution caches what each leaves on the context, later ones replay it.
+
+        Settings and caches survive drain(); globally ordered tasks keep their turn.
+
+        Raises:
+            ValueError: an unknown task name.
+            RuntimeError: iterations are in flight (call drain() first).
+        """
+        self._require_idle("enable_shortcut")
+        self._shortcut.enable(names)
+
+    def disable_shortcut(self, *names: str) -> None:
+        """Run these tasks normally again and drop their caches."""
+        self._require_idle("disable_shortcut")
+        self._shortcut.disable(names)
+
+    @property
+    def shortcuts(self) -> List[str]:
+        """The names of the shortcut tasks, sorted."""
+        return self._shortcut.names
+
+    def without_shortcuts(self) -> ContextManager[None]:
+        """Within the block no task is shortcut and no cache exists; afterwards both are as before."""
+        self._require_idle("without_shortcuts")
+        return self._shortcut.suspended()
+
+    def _require_idle(self, what: str) -> None:
+        if self._active_run() is not None:
+            raise RuntimeError(f"{what}() while iterations are in flight; call drain() first")
+
+    def tracing(self) -> ContextManager[None]:
+        """Record the timeline of every ``fill_pipeline()`` started in the block; read ``pipe.timeline`` after.
+
+        For step-by-step loops; ``run(data, trace=True)`` is the one-call form.
+        """
+        return self._tracing.scope()
+
+    @property
+    def timeline(self) -> Optional[Timeline]:
+        """What the last fill ran where and when, if it was traced (see ``run(trace=...)``), else None."""
+        return self._tracing.timeline
+
+    def stats(self) -> RunStats:
+        """Per-task and per-run statistics of the last traced run (``print(pipe.stats())`` shows a table).
+
+        Raises:
+            RuntimeError: the last run was not traced.
+        """
+        return self._tracing.stats()
 
     # -- state ----------------------------------------------------------------------------------
 

@@ -277,7 +277,8 @@ def resolve_device(spec: object) -> Device:
     if spec is None:
         return TorchDevice(torch.device(accel.type, torch.accelerator.current_device_index())) if accel else CPUDevice()
     if isinstance(spec, bool) or not isinstance(spec, (int, str, torch.device)):
-        raise TypeError(f"device must be None, an int, a str such as 'cpu' or 'cuda:1', or a torch.device; got {spec!r}")
+        raise TypeError(f"device must be None, an int, a str such as 'cpu' or 'cuda:1', or a torch.device; "
+                        f"got {spec!r}")
     if isinstance(spec, int):
         if spec < 0:
             raise ValueError(f"device index must be >= 0, got {spec}")

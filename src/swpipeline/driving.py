@@ -20,26 +20,34 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any, Callable, List, Optional, Protocol, Tuple, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Protocol, Tuple, TypeVar, cast
+
+if TYPE_CHECKING:
+    from .schedule import Work
 
 __all__: List[str] = []
 
 F = TypeVar("F", bound=Callable[..., Any])
-Unit = Tuple[Any, ...]  # (task, ctx, ...) as a worker runs it; ("(starting)",) while its thread starts
-
-
 Claim = Tuple[threading.Thread, str]  # a driving call in progress: its thread (the object) and the method
+
+
+class Busy(Protocol):
+    """A worker thread of the run: the unit it runs (``current``); None in its start-up (``worker_init``)."""
+
+    current: Optional["Work"]
+
 
 class Occupancy(Protocol):
     """What the pipeline's current run is doing on which thread (``run.Run``)."""
 
-    def task_running_on(self, thread: threading.Thread) -> Optional[Unit]: ...
+    def worker_on(self, thread: threading.Thread) -> Optional[Busy]: ...
 
-    def caller_unit(self) -> Optional[Unit]: ...
+    def caller_unit(self) -> Optional["Work"]: ...
 
 
-def _task(unit: Unit) -> str:
-    return f"task {unit[0].name!r} (iteration {unit[1].iter_idx})"
+def unit_text(unit: "Work") -> str:
+    """A unit in words: ``task 'Forward' (iteration 3)``."""
+    return f"task {unit.slot.task!r} (iteration {unit.item.iter_idx})"
 
 
 class DriverSeat:
@@ -52,9 +60,10 @@ class DriverSeat:
     def claim(self, claim: Claim, run: Optional[Occupancy]) -> None:
         """Take the seat for ``claim``, or raise RuntimeError saying who holds it (see the module docstring)."""
         me, what = claim
-        unit = run.task_running_on(me) if run is not None else None
-        if unit is not None:
-            where = "while its thread starts (worker_init)" if len(unit) < 2 else f"from inside {_task(unit)}"
+        worker = run.worker_on(me) if run is not None else None
+        if worker is not None:  # a task of the run, or worker_init (its thread runs nothing else)
+            unit = worker.current
+            where = f"from inside {unit_text(unit)}" if unit is not None else "while its thread starts (worker_init)"
             raise RuntimeError(f"{what}() called {where}: a task must not drive the pipeline that runs it "
                                f"(it would wait for itself); drive it from the thread that called fill_pipeline()")
         with self._lock:
@@ -63,16 +72,16 @@ class DriverSeat:
                 self.holder = claim
                 return
         holder_thread, holder_method = holder
-        inline = run.caller_unit() if run is not None else None
+        busy = run.caller_unit() if run is not None else None
         if holder_thread is me:
-            if inline is not None:
-                raise RuntimeError(f"{what}() called from inside {_task(inline)}, which {holder_method}() runs "
+            if busy is not None:
+                raise RuntimeError(f"{what}() called from inside {unit_text(busy)}, which {holder_method}() runs "
                                    f"on this thread: a task must not drive the pipeline that runs it (it would "
                                    f"wait for itself)")
             raise RuntimeError(f"{what}() called while this thread is already inside {holder_method}() (from the "
                                f"data iterator, or from a task running on the caller's thread); a pipeline cannot "
                                f"be driven from within its own driving call")
-        doing = f", inside {_task(inline)}" if inline is not None else ""
+        doing = f", inside {unit_text(busy)}" if busy is not None else ""
         raise RuntimeError(f"{what}() called from thread {me.name!r} while thread {holder_thread.name!r} is in "
                            f"{holder_method}(){doing}; a pipeline is driven by one thread at a time "
                            f"(fill_pipeline, progress, advance, drain, abandon, run): call it from that thread, or "

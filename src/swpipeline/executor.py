@@ -1,6 +1,7 @@
 """One unit of work: the two-phase protocol, written once.
 
-A unit ``(task, ctx, period)`` runs on its thread group's worker::
+A unit (``schedule.Unit``: its period, its slot, the iteration's context) runs on its
+thread group's worker, as the run's task of that slot::
 
     if it reads the batch first:        # no producer in its iteration, on a device with events
         device.wait(stream, batch_event)  #   only if the caller drew the batch on another stream
@@ -15,7 +16,6 @@ A unit ``(task, ctx, period)`` runs on its thread group's worker::
     free(task, ctx)                     # free_early: attributes no other task uses any more
     device.record(event, stream)        # only if a consumer is on another stream
     board.complete(task, i)             # sets the CPU signal
-    after_complete(task, i)             # the engine's hook, if it has one
 
 A traced run wraps this same function (``traced``): it times the phase-1 waits
 through the ``wait`` it passes in and the task body through the recorder's shadow
@@ -32,7 +32,8 @@ from .annotations import run_annotated
 from .device import Device
 from .lifetime import keep_written
 from .plan import IterContext
-from .runtime import TaskRuntime
+from .runtime import BoundTask
+from .schedule import Work
 
 if TYPE_CHECKING:
     from .signals import CompletionBoard
@@ -40,11 +41,10 @@ if TYPE_CHECKING:
 
 __all__: List[str] = []
 
-RunUnit = Callable[[TaskRuntime, IterContext, Optional[int]], None]
-AfterComplete = Callable[[TaskRuntime, int], None]
+RunUnit = Callable[[Work], None]
 
 
-Launch = Callable[[TaskRuntime, IterContext], None]
+Launch = Callable[[BoundTask, IterContext], None]
 
 
 def make_launches(device: Device, labels: Dict[int, str], nvtx: bool) -> Tuple[Launch, Launch]:
@@ -57,27 +57,26 @@ def make_launches(device: Device, labels: Dict[int, str], nvtx: bool) -> Tuple[L
     time, and the turns of a lane shared by several groups make them exclusive).
     """
 
-    def annotated(task: TaskRuntime, ctx: IterContext) -> None:
+    def annotated(task: BoundTask, ctx: IterContext) -> None:
         fn = partial(run_annotated, f"SWP/{labels[task.index]}/iter{ctx.iter_idx}", task.exec_fn, nvtx=nvtx)
         device.launch(task.stream, fn, ctx, task.name)
 
     if nvtx:
         return annotated, annotated
     if device.launches_directly:
-        def plain(task: TaskRuntime, ctx: IterContext) -> None:
+        def plain(task: BoundTask, ctx: IterContext) -> None:
             task.exec_fn(ctx)
     else:
-        def plain(task: TaskRuntime, ctx: IterContext) -> None:
+        def plain(task: BoundTask, ctx: IterContext) -> None:
             device.launch(task.stream, task.exec_fn, ctx, task.name)
     return plain, annotated
 
 
-def make_unit_runner(board: "CompletionBoard", device: Device, launch: Launch,
-                     event_slots: int, signal_timeout: float, after_complete: Optional[AfterComplete] = None,
-                     wait: Optional[Callable[..., None]] = None,
+def make_unit_runner(board: "CompletionBoard", device: Device, launch: Launch, tasks: Sequence[BoundTask],
+                     event_slots: int, signal_timeout: float, wait: Optional[Callable[..., None]] = None,
                      free: Optional[Callable[[int, IterContext], None]] = None,
                      batch_events: Sequence[Any] = (), batch_streams: Sequence[Any] = ()) -> RunUnit:
-    """The unit executor of one run (see the module docstring).
+    """The unit executor of one run (see the module docstring); ``tasks[slot.index]`` is a unit's task.
 
     ``batch_events[i % event_slots]`` is recorded on stream ``batch_streams[i % event_slots]``
     after the caller drew iteration ``i``'s batch (``Run.fetch``), a stream of None meaning
@@ -88,7 +87,7 @@ def make_unit_runner(board: "CompletionBoard", device: Device, launch: Launch,
     wait_task = wait or board.wait_task
     slots, timeout = event_slots, signal_timeout
 
-    def in_turns(task: TaskRuntime, ctx: IterContext, i: int) -> None:
+    def in_turns(task: BoundTask, ctx: IterContext, i: int) -> None:
         key, call = (task.index, i), partial(launch, task, ctx)
         if task.turns is not None:
             call = partial(task.turns.run_in_turn, key, call, timeout, task.name, i)
@@ -97,7 +96,7 @@ def make_unit_runner(board: "CompletionBoard", device: Device, launch: Launch,
         else:
             call()
 
-    def launch_and_more(task: TaskRuntime, ctx: IterContext, i: int) -> None:
+    def launch_and_more(task: BoundTask, ctx: IterContext, i: int) -> None:
         """Launch in turns if it takes them; then keep-alive, early frees, its event (each only if needed)."""
         keep = task.keep_for
         if keep:
@@ -113,7 +112,9 @@ def make_unit_runner(board: "CompletionBoard", device: Device, launch: Launch,
         if task.events is not None:
             device.record(task.events[i % slots], task.stream)
 
-    def run_unit(task: TaskRuntime, ctx: IterContext, period: Optional[int]) -> None:
+    def run_unit(unit: Work) -> None:
+        _, slot, ctx = unit
+        task = tasks[slot.index]
         i = ctx.iter_idx
         stream = task.stream
         if task.waits_batch:
@@ -136,21 +137,20 @@ def make_unit_runner(board: "CompletionBoard", device: Device, launch: Launch,
         else:
             launch_and_more(task, ctx, i)
         complete(task.index, i)
-        if after_complete is not None:
-            after_complete(task, i)
 
     return run_unit
 
 
-def traced(run_unit: RunUnit, recorder: "Recorder") -> RunUnit:
-    """``run_unit`` that records every unit it runs (the unit executor itself is unchanged)."""
-    shadows = recorder.runtimes
+def traced(run_unit: RunUnit, recorder: "Recorder", clocked: bool) -> RunUnit:
+    """``run_unit`` (made with the recorder's shadow tasks, ``recorder.runtimes``) that records every unit it
+    runs, with its period when the periods are a clock's (``clocked``); the unit executor itself is unchanged."""
     begin, add = recorder.begin, recorder.add
 
-    def run_traced(task: TaskRuntime, ctx: IterContext, period: Optional[int]) -> None:
-        begin(task.index)
-        run_unit(shadows[task.index], ctx, period)
-        add(task.index, ctx.iter_idx, period)
+    def run_traced(unit: Work) -> None:
+        period, slot, ctx = unit
+        begin(slot.index)
+        run_unit(unit)
+        add(slot.index, ctx.iter_idx, period if clocked else None)
 
     return run_traced
 

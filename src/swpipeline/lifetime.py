@@ -34,11 +34,10 @@ iteration, instead of when the iteration retires.
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set
+from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Set
 
 import torch
 
-from .analysis.report import PlanAnalysis
 from .device import Device
 from .plan import PipelinePlan
 
@@ -130,27 +129,36 @@ class EarlyFree:
 ENGINE_FIELDS = frozenset({"batch", "iter_idx"})  # the engine's own, never freed early
 
 
-def _context_attribute(name: str) -> str:
-    """``ctx.x`` (or ``ctx.batch['img']``, a write through it) -> ``x`` (``batch``)."""
-    return name[4:].split("[", 1)[0].split(".", 1)[0]
+class ObservedUses(NamedTuple):
+    """The context attributes each task was seen to read or write: ``free_early=analyze(plan, batch)``, precomputed.
+
+    The analysis makes it (``analysis/engine_hooks.py``); the engine only reads the sets.
+    """
+
+    task_names: List[str]  # the tasks of the plan that was analysed, in plan order
+    uses: Mapping[str, FrozenSet[str]]  # task name -> the context attributes it reads or writes
 
 
 def attribute_uses(plan: PipelinePlan, free_early: object, keep: object) -> Optional[List[FrozenSet[str]]]:
-    """Per task (plan order), the context attributes ``free_early`` frees after it; None when off."""
+    """Per task (plan order), the context attributes ``free_early`` frees after it; None when off.
+
+    ``free_early`` is False, True (each task's declared ``reads=`` and ``writes=``) or the
+    ``ObservedUses`` of an analysis; anything else is refused, in the words of the
+    pipeline's ``free_early=`` argument.
+    """
     if isinstance(keep, str) or not isinstance(keep, Iterable):
         raise TypeError(f"keep must be a collection of context attribute names, e.g. keep=(\"loss\",); got {keep!r}")
     kept = frozenset(keep)
     if free_early is False:
         if kept:
-            raise ValueError(f"keep={sorted(kept)} without free_early: nothing is freed early, so nothing needs keeping")
+            raise ValueError(f"keep={sorted(kept)} without free_early: nothing is freed early, so nothing needs "
+                             f"keeping")
         return None
-    if isinstance(free_early, PlanAnalysis):
-        if free_early.plan.task_names != plan.task_names:
-            raise ValueError(f"free_early: the analysis is of another plan (tasks {free_early.plan.task_names}, this "
+    if isinstance(free_early, ObservedUses):
+        if free_early.task_names != plan.task_names:
+            raise ValueError(f"free_early: the analysis is of another plan (tasks {free_early.task_names}, this "
                              f"plan's {plan.task_names}); pass analyze(plan, batch) of this plan")
-        return [frozenset(_context_attribute(n) for n in free_early.reads[t] | free_early.writes[t]
-                          if n.startswith("ctx.") and _context_attribute(n) not in ENGINE_FIELDS) - kept
-                for t in plan.task_names]
+        return [free_early.uses[t] - ENGINE_FIELDS - kept for t in plan.task_names]
     if free_early is not True:
         raise TypeError(f"free_early must be False, True (tasks declare reads= and writes=) or a PlanAnalysis "
                         f"from analyze(plan, batch); got {free_early!r}")

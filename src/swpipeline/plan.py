@@ -20,7 +20,8 @@ from __future__ import annotations
 import difflib
 import operator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 __all__: List[str] = []
 

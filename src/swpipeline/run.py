@@ -5,11 +5,15 @@
 reused by a later fill, so a thread that outlives its run (a *straggler*: a task that
 did not return within the join budget) can only ever touch its own, finished run.
 
-Life cycle (``Run.state``), changed only under ``Run.lock``::
+Life cycle (``Run.state``, a ``RunState``), changed only through ``Run.move`` under
+``Run.lock``, which refuses any transition not drawn here::
 
-    running --progress() found nothing left--> finished
-       |  \\--a task, the data iterator or the caller failed--> failed
-       \\----abandon(), or an exception leaving run() / a with block--> abandoned
+    running <--advance()------------- held      (progress(advance=False) retired an iteration;
+       |    --progress(advance=False)-->  |       nothing is handed out until advance())
+       |                                  |
+       +--progress() found nothing left--> finished
+       +--a task, the data iterator or the caller failed--> failed       (from held too)
+       +--abandon(), or an exception leaving run() / a with block--> abandoned   (from held too)
 
 Every way out of ``running`` goes through ``stop``: abort (every waiting thread wakes
 and every worker starts nothing more), ask each worker to end, and join them all
@@ -22,7 +26,7 @@ which stopped it already) joins nothing more, so a thread stuck in a task costs 
 No reference cycles on the failure path. A stopped run lets go of everything of the
 caller's it held: the failure (whose traceback holds the frames that raised it, the
 caller's among them), the contexts in flight (their batches), the data iterator, the
-engine's policy and the units its ended workers never ran. A failure recorded after
+hand-out of work and the units its ended workers never ran. A failure recorded after
 the run stopped (a straggler's) is not kept. So the objects of a failed run are freed by
 reference counting as soon as the caller drops the exception, never by a later garbage
 collection, in which a Ctrl-C could be lost and a data loader's worker processes linger.
@@ -30,10 +34,13 @@ collection, in which a Ctrl-C could be lost and a data loader's worker processes
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional
+
+from typing import TYPE_CHECKING
 
 from . import shutdown
 from .device import Device
@@ -41,21 +48,46 @@ from .errors import (DependencyTimeoutError, PipelineAborted, ProgressTimeoutErr
                      annotate, stop_iteration_error)
 from .modes import Modes
 from .plan import IterContext
-from .runtime import TaskRuntime, all_turns
+from .runtime import BoundTask, all_turns
 from .signals import CompletionBoard
-from .worker import InlineWorker, RunUnits, Unit, Worker, WorkerLike
+from .driving import unit_text
+from .schedule import Work
+from .worker import CallerWorker, RunUnits, Worker, WorkerLike
+
+if TYPE_CHECKING:
+    from .handout import HandOut
 
 __all__: List[str] = []
 
 logger = logging.getLogger("swpipeline")
 
-RUNNING, FINISHED, FAILED, ABANDONED = "running", "finished", "failed", "abandoned"
+class RunState(enum.Enum):
+    """Where a run is in its life cycle (see the module docstring)."""
+
+    RUNNING = "running"
+    HELD = "held"
+    FINISHED = "finished"
+    FAILED = "failed"
+    ABANDONED = "abandoned"
+
+
+RUNNING, HELD, FINISHED, FAILED, ABANDONED = (RunState.RUNNING, RunState.HELD, RunState.FINISHED, RunState.FAILED,
+                                              RunState.ABANDONED)
+_MOVES = {RUNNING: {HELD, FINISHED, FAILED, ABANDONED}, HELD: {RUNNING, FAILED, ABANDONED},
+          FINISHED: set(), FAILED: set(), ABANDONED: set()}
+
+
+class Held(NamedTuple):
+    """What ``progress(advance=False)`` held back: the iteration it retired, and where ``advance()`` draws from."""
+
+    oldest: int
+    data_iter: Optional[Iterator[Any]]
 
 
 class Run:
     """The state of one fill (see the module docstring)."""
 
-    def __init__(self, tasks: List[TaskRuntime], device: Device, event_slots: int, *, progress_timeout: float,
+    def __init__(self, tasks: List[BoundTask], device: Device, event_slots: int, *, progress_timeout: float,
                  join_timeout: float, default_stream: Any, signal_timeout: float) -> None:
         self.tasks = tasks  # bound to this run (its own device events)
         self.device = device
@@ -64,27 +96,26 @@ class Run:
         self.progress_timeout = progress_timeout
         self.signal_timeout = signal_timeout
         # a unit on the caller's thread is part of a progress() call, which waits progress_timeout at most
-        self.inline_timeout = min(signal_timeout, progress_timeout)
+        self.caller_timeout = min(signal_timeout, progress_timeout)
         self.join_timeout = join_timeout
         self.board = CompletionBoard([t.name for t in tasks])
         self.turns = all_turns(tasks)  # the sequencer and the shared streams' turns, if any
         self.lock = threading.Lock()
         self.state = RUNNING
+        self.held: Optional[Held] = None  # what advance() continues (state HELD only)
         self.error: Optional[BaseException] = None  # the first failure, until the run stops
         self._joined = False  # stop() joined the workers (it never does twice)
         self.workers: Dict[str, WorkerLike] = {}
-        self.inline: Optional[InlineWorker] = None
+        self.caller: Optional[CallerWorker] = None
         self.stragglers: List[Worker] = []
         self.contexts: Dict[int, IterContext] = {}
         self.next_retire = 0
         self.num_created = 0
         self.exhausted = False  # the data iterator raised StopIteration
-        self.emptied = False  # progress(None) retired the last iteration in flight
         self.last_ctx: Optional[IterContext] = None
         self.peak_live_contexts = 0
-        self.deferred: Optional[Tuple[int, Optional[Iterator[Any]]]] = None  # see progress(advance=False)
         self.data_source: Optional[Iterator[Any]] = None  # the data iterator progress() last accepted
-        self.policy: Any = None  # the engine's scheduling for this run (see base.Policy)
+        self.handout: "HandOut"  # what hands out this run's work (handout.py); set as the run starts
         self.modes: Optional[Modes] = None  # the torch modes of the driving call handing out work (modes.py)
         # On a device with events, per event slot: the event recorded on the stream the caller drew that
         # iteration's batch on, and that stream (None: no task needs to wait for it); see fetch().
@@ -95,18 +126,48 @@ class Run:
 
     @property
     def active(self) -> bool:
-        return self.state == RUNNING
+        """Running or held: iterations may be in flight, workers are alive."""
+        return self.state is RUNNING or self.state is HELD
+
+    @property
+    def emptied(self) -> bool:
+        """``progress(None)`` retired the last iteration in flight before the data ended."""
+        return self.state is FINISHED and not self.exhausted
+
+    def move(self, state: RunState) -> bool:
+        """Go to ``state`` if the life cycle allows it from here; False if the run has ended already (a stopped
+        run stays as it ended). Any other transition is a bug, refused with a RuntimeError."""
+        with self.lock:
+            if state in _MOVES[self.state]:
+                self.state = state
+                return True
+            if not self.active:
+                return False
+            raise RuntimeError(f"swpipeline: a run cannot go from {self.state.value} to {state.value} (a bug: "
+                               f"please report it)")
+
+    def hold(self, oldest: int, data_iter: Optional[Iterator[Any]]) -> None:
+        """``progress(advance=False)``: iteration ``oldest`` retired; nothing more is handed out until ``unhold``."""
+        self.move(HELD)
+        self.held = Held(oldest, data_iter)
+
+    def unhold(self) -> Optional[Held]:
+        """``advance()``: what the last ``hold`` kept (None if the run is not held)."""
+        held, self.held = self.held, None
+        if held is not None:
+            self.move(RUNNING)
+        return held
 
     # -- workers --------------------------------------------------------------------------------
 
     def start_workers(self, groups: List[str], run_units: RunUnits, enter_thread: Callable[[str], Callable[[], None]],
-                      inline_group: Optional[str], inline_units: RunUnits) -> None:
-        """One worker per thread group (the inline group runs on the caller's thread instead, its waits
-        bounded by ``progress_timeout``: see ``on_inline_error``)."""
+                      caller_group: Optional[str], caller_units: RunUnits) -> None:
+        """One worker per thread group (the caller's group runs on the caller's thread instead, its waits
+        bounded by ``progress_timeout``: see ``on_caller_error``)."""
         for group in groups:
-            if group == inline_group:
-                self.inline = InlineWorker(group, inline_units, self.on_inline_error, self.board)
-                self.workers[group] = self.inline
+            if group == caller_group:
+                self.caller = CallerWorker(group, caller_units, self.on_caller_error, self.board)
+                self.workers[group] = self.caller
                 continue
             worker = Worker(group, run_units, self.on_worker_error, self.board, enter_thread(group))
             self.workers[group] = worker  # registered before it starts, so that stop() always sees it
@@ -118,18 +179,17 @@ class Run:
             if isinstance(worker, Worker):
                 worker.watch(owner, self.abandon_nowait)
 
-    def task_running_on(self, thread: threading.Thread) -> Optional[Unit]:
-        """The unit this run's worker ``thread`` is running (``("(starting)",)`` in its start-up); None if
-        ``thread`` is not one of this run's workers. Threads are told apart by object: a new thread may
-        reuse the ident of an ended one."""
+    def worker_on(self, thread: threading.Thread) -> Optional[Worker]:
+        """This run's worker whose thread is ``thread``, if any. Threads are told apart by object: a new thread
+        may reuse the ident of an ended one."""
         for worker in list(self.workers.values()):
             if isinstance(worker, Worker) and worker.thread is thread:
-                return worker.current or ("(starting)",)
+                return worker
         return None
 
-    def caller_unit(self) -> Optional[Unit]:
+    def caller_unit(self) -> Optional[Work]:
         """The unit of the caller's thread group that the driving thread is running, if any."""
-        return self.inline.current if self.inline is not None else None
+        return self.caller.current if self.caller is not None else None
 
     # -- fetching and retiring (the caller's thread) ---------------------------------------------
 
@@ -225,18 +285,18 @@ class Run:
     # -- failure ---------------------------------------------------------------------------------
 
     def has_failed(self) -> bool:
-        return self.error is not None or self.state == FAILED
+        return self.error is not None or self.state is FAILED
 
-    def on_worker_error(self, exc: BaseException, unit: Optional[Unit]) -> None:
+    def on_worker_error(self, exc: BaseException, unit: Optional[Work]) -> None:
         """A unit (or a worker's start-up) raised: keep the first failure and wake everyone. Never raises."""
         try:
             if isinstance(exc, PipelineAborted):
                 return
             if unit is not None:
-                task, ctx = unit[0], unit[1]
+                name, it = unit.slot.task, unit.item.iter_idx
                 if isinstance(exc, StopIteration):
-                    exc = stop_iteration_error(exc, task.name, ctx.iter_idx)
-                annotate(exc, task.name, ctx.iter_idx)
+                    exc = stop_iteration_error(exc, name, it)
+                annotate(exc, name, it)
             elif isinstance(exc, StopIteration):
                 error = RuntimeError("worker_init raised StopIteration")
                 error.__cause__ = exc
@@ -245,12 +305,12 @@ class Run:
         except BaseException:  # the last line: whatever happened above, the run must still fail
             self.record_failure(exc)
 
-    def on_inline_error(self, exc: BaseException, unit: Optional[Unit]) -> None:
+    def on_caller_error(self, exc: BaseException, unit: Optional[Work]) -> None:
         """A unit on the caller's thread raised. A wait of it that outlasted ``progress_timeout`` (shorter
         than ``signal_timeout``) is progress() waiting too long: a ProgressTimeoutError, as if the caller had
         waited for the oldest iteration itself, naming what blocks it."""
         if isinstance(exc, (DependencyTimeoutError, SequencerTimeoutError)) and \
-                self.inline_timeout < self.signal_timeout:
+                self.caller_timeout < self.signal_timeout:
             oldest = self.next_retire
             timeout = ProgressTimeoutError(oldest, self.board.unfinished(oldest), self.progress_timeout,
                                            self.blocked_waits(oldest))
@@ -265,8 +325,13 @@ class Run:
         back to this run (a worker's, through its report), a cycle only a garbage collection frees.
         """
         with self.lock:
-            if self.error is None and self.state == RUNNING:
+            first = self.error is None and self.active
+            again = exc is self.error
+            if first:
                 self.error = exc
+        if not (first or again or isinstance(exc, PipelineAborted)):  # never dropped silently, never kept:
+            logger.warning("swpipeline: a later failure after the run's first one (raised to the caller) or after "
+                           "it stopped: %s", f"{type(exc).__name__}: {exc}")  # a log record holds only text
         self.abort()
 
     def abort(self) -> None:
@@ -277,7 +342,7 @@ class Run:
 
     # -- stopping --------------------------------------------------------------------------------
 
-    def stop(self, state: str) -> List[Worker]:
+    def stop(self, state: RunState) -> List[Worker]:
         """Leave ``running`` for ``state``, stop and join every worker within one join budget; idempotent.
 
         Returns the stragglers: workers still alive when the budget ran out (a task that
@@ -287,10 +352,8 @@ class Run:
         deadline = time.monotonic() + self.join_timeout
         for _ in range(100):  # repeats only if an interrupt lands in the middle; every step is idempotent
             try:
-                with self.lock:
-                    if self.state == RUNNING:
-                        self.state = state
-                if self.state != FINISHED:
+                self.move(state)
+                if self.state is not FINISHED:
                     self.abort()
                 if not self._joined:
                     self._join_workers(deadline)
@@ -325,19 +388,25 @@ class Run:
         with self.lock:
             self.error = None
         self.contexts.clear()
-        self.deferred = self.data_source = self.policy = None
+        self.held = self.data_source = None
+        handout = getattr(self, "handout", None)
+        if handout is not None:
+            handout.let_go()
         for worker in list(self.workers.values()):
             if isinstance(worker, Worker):
                 worker.discard_queued()
+
+    def stop_at_exit(self, join_timeout: float) -> None:
+        """The interpreter is exiting: abandon, joining the workers within ``join_timeout`` at most."""
+        self.join_timeout = min(self.join_timeout, join_timeout)
+        self.stop(ABANDONED)
 
     def threads_alive(self) -> bool:
         return any(isinstance(w, Worker) and w.alive for w in list(self.workers.values()))
 
     def abandon_nowait(self) -> None:
         """Abandon without joining (the pipeline is gone): wake everyone, ask every worker to end."""
-        with self.lock:
-            if self.state == RUNNING:
-                self.state = ABANDONED
+        self.move(ABANDONED)
         self.abort()
         for worker in list(self.workers.values()):
             worker.stop()
@@ -356,7 +425,7 @@ class Stragglers:
                 continue
             self.workers.append(worker)
             unit = worker.current
-            doing = f"task {unit[0].name!r} (iteration {unit[1].iter_idx})" if unit and len(unit) > 1 else "start-up"
+            doing = unit_text(unit) if unit is not None else "start-up"
             logger.warning("worker thread %r did not stop within %.1f s (still in %s); a later fill_pipeline() "
                            "waits for it", worker.thread.name, run.join_timeout, doing)
 
@@ -366,10 +435,9 @@ class Stragglers:
         for worker in self.workers:
             unit = worker.current
             if unit is not None:
-                task, ctx = unit[0], unit[1]
                 raise RuntimeError(
-                    f"fill_pipeline(): thread {worker.thread.name!r} of an earlier run is still running task "
-                    f"{task.name!r} (iteration {ctx.iter_idx}) on stream {task.stream_label!r}, which this run "
+                    f"fill_pipeline(): thread {worker.thread.name!r} of an earlier run is still running "
+                    f"{unit_text(unit)} on stream {unit.slot.stream!r}, which this run "
                     f"needs; wait until that task returns (it did not within join_timeout={join_timeout:g} s), "
                     f"then call fill_pipeline() again"
                 )

@@ -1,8 +1,8 @@
-"""What the engines know about each task at run time: resolved once per pipeline, bound once per run."""
+"""What the engines know about each task: resolved once per pipeline (``TaskSpec``), bound once per run
+(``BoundTask``, with that run's events and turns)."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from .device import Device
@@ -14,18 +14,17 @@ __all__: List[str] = []
 DepRef = Tuple[int, Optional[List[Any]]]  # (dependency's task index, its events if this stream must wait on them)
 
 
-class TaskRuntime:
-    """What the engine knows about one task at run time.
+class TaskSpec:
+    """What a pipeline resolves about one task once, at construction: placement, stream, dependencies.
 
-    A pipeline resolves one per task at construction (stream handle, dependency indices,
-    whether device events are needed); each run works on its own copy (``bind_run``)
-    holding that run's device events, so an earlier run's straggler can never record or
-    wait on a later run's events.
+    ``exec_fn`` is what a unit of the task launches: the task's function, or its shortcut
+    executor, possibly wrapped by a race check (the pipeline's shortcut settings set it;
+    changing it is refused while a run is in flight).
     """
 
     __slots__ = ("name", "index", "task", "stage", "group", "stream", "stream_label", "globally_ordered",
-                 "shares_stream", "intra", "inter", "intra_deps", "inter_deps", "needs_events", "events",
-                 "waits_at_retire", "waits_batch", "exec_fn", "turns", "stream_turns", "consumers", "keep_for", "plain")
+                 "shares_stream", "intra_deps", "inter_deps", "needs_events", "waits_at_retire", "waits_batch",
+                 "consumers", "exec_fn")
 
     def __init__(self, index: int, task: PipelineTask, stage: int, group: str, stream: Any,
                  stream_label: str, globally_ordered: bool) -> None:
@@ -37,8 +36,8 @@ class TaskRuntime:
         self.stream = stream
         self.stream_label = stream_label
         self.globally_ordered = globally_ordered
-        self.exec_fn: Callable[[Any], Any] = task.fn  # task.fn, or its shortcut executor
-        # (dependency index, whether it ran on another stream): resolved once
+        self.exec_fn: Callable[[Any], Any] = task.fn
+        # (dependency index, whether it ran on another stream)
         self.intra_deps: List[Tuple[int, bool]] = []
         self.inter_deps: List[Tuple[int, bool]] = []
         self.needs_events = False  # a consumer on another stream waits on it, or the caller does at retirement
@@ -48,25 +47,47 @@ class TaskRuntime:
         self.waits_batch = False
         self.shares_stream = False  # its stream is used by several thread groups: units take turns on it
         self.consumers: Tuple[int, ...] = ()  # every task that depends on it, directly or not (lifetime.py)
-        # bound per run (bind_run): the same, with the producers' events of that run
-        self.intra: List[DepRef] = []
-        self.inter: List[DepRef] = []
-        self.events: Optional[List[Any]] = None
-        self.turns: Optional[Turns] = None  # the run's sequencer, if globally ordered
-        self.stream_turns: Optional[Turns] = None  # the run's turns on its stream, if it shares the stream
-        self.keep_for: Tuple[Any, ...] = ()  # streams its context tensors are kept alive for (lifetime.py)
-        self.plain = True  # no turns, no keep-alive, no event: a unit only launches (bind_run sets it)
 
     def __repr__(self) -> str:
         return f"<task {self.name} stage={self.stage} group={self.group} stream={self.stream_label}>"
 
 
-def build_tasks(plan: PipelinePlan, device: Device) -> List[TaskRuntime]:
+class BoundTask:
+    """One task bound to one run (``bind_run``): its spec, plus that run's device events, turns and streams.
+
+    A run's units run bound tasks only, so an earlier run's straggler can never record or
+    wait on a later run's events. The fields the unit executor reads are copied from the
+    spec, so it reads them in one step.
+    """
+
+    __slots__ = ("spec", "name", "index", "stage", "group", "stream", "stream_label", "exec_fn", "waits_batch",
+                 "waits_at_retire", "intra", "inter", "events", "turns", "stream_turns", "keep_for", "plain")
+
+    def __init__(self, spec: TaskSpec, stream: Any) -> None:
+        self.spec = spec
+        self.name, self.index, self.stage, self.group = spec.name, spec.index, spec.stage, spec.group
+        self.stream = stream  # the run's: "default" is the filling thread's current stream
+        self.stream_label = spec.stream_label
+        self.exec_fn = spec.exec_fn  # as the pipeline's settings were when the run started
+        self.waits_batch, self.waits_at_retire = spec.waits_batch, spec.waits_at_retire
+        self.intra: List[DepRef] = []  # the dependencies, with the producers' events of this run
+        self.inter: List[DepRef] = []
+        self.events: Optional[List[Any]] = None
+        self.turns: Optional[Turns] = None  # the run's sequencer, if globally ordered
+        self.stream_turns: Optional[Turns] = None  # the run's turns on its stream, if it shares the stream
+        self.keep_for: Tuple[Any, ...] = ()  # streams its context tensors are kept alive for (lifetime.py)
+        self.plain = True  # no turns, no keep-alive, no event: a unit only launches
+
+    def __repr__(self) -> str:
+        return f"<task {self.name} bound to a run>"
+
+
+def build_tasks(plan: PipelinePlan, device: Device) -> List[TaskSpec]:
     """Resolve every task's stream and dependencies once (events come per run, from ``bind_run``)."""
     tasks = []
     for index, task in enumerate(plan.tasks):
         sched = plan.schedules[task.name]
-        tasks.append(TaskRuntime(index, task, sched.stage, sched.thread_group, device.stream(sched.stream),
+        tasks.append(TaskSpec(index, task, sched.stage, sched.thread_group, device.stream(sched.stream),
                                  device.stream_label(sched.stream), sched.globally_ordered))
     by_name = {t.name: t for t in tasks}
     consumed = {d for t in tasks for d in plan.intra[t.name]}
@@ -107,7 +128,7 @@ def _consumers(plan: PipelinePlan) -> List[List[str]]:
     return found
 
 
-def shared_streams(tasks: List[TaskRuntime]) -> Dict[str, Dict[str, List[str]]]:
+def shared_streams(tasks: List[TaskSpec]) -> Dict[str, Dict[str, List[str]]]:
     """Stream label -> thread group -> its tasks on that stream, for each stream used by several groups
     (the tasks ``build_tasks`` marked ``shares_stream``)."""
     shared: Dict[str, Dict[str, List[str]]] = {}
@@ -130,9 +151,9 @@ def shared_stream_message(shared: Dict[str, Dict[str, List[str]]]) -> str:
             "warnings.simplefilter('ignore', swpipeline.SharedStreamWarning).")
 
 
-def bind_run(tasks: List[TaskRuntime], device: Device, event_slots: int, default: Any) -> List[TaskRuntime]:
-    """Copies of ``tasks`` for one run: each producer with ``event_slots`` fresh device events, and the
-    run's own turns (one sequencer for the globally ordered tasks, one per stream shared by thread groups).
+def bind_run(tasks: List[TaskSpec], device: Device, event_slots: int, default: Any) -> List[BoundTask]:
+    """``tasks`` bound to one run: each producer with ``event_slots`` fresh device events, and the run's own
+    turns (one sequencer for the globally ordered tasks, one per stream shared by thread groups).
 
     ``default`` is the run's default stream (the one current on the thread that filled
     it): tasks on the device's default stream run on it. On a device that tracks memory,
@@ -142,30 +163,28 @@ def bind_run(tasks: List[TaskRuntime], device: Device, event_slots: int, default
     earliest, which is only enqueued after iteration ``i + 1`` (the last possible consumer
     of ``i``) has retired.
     """
-    bound = [copy.copy(t) for t in tasks]
     device_default = device.default_stream()
-    for t in bound:
-        if t.stream is device_default:
-            t.stream = default
+    bound = [BoundTask(t, default if t.stream is device_default else t.stream) for t in tasks]
     if device.tracks_memory:
-        for t in bound:
-            streams = [bound[c].stream for c in t.consumers] + ([default] if t.waits_at_retire else [])
-            t.keep_for = tuple({id(s): s for s in streams if s is not t.stream}.values())
+        for b in bound:
+            streams = [bound[c].stream for c in b.spec.consumers] + ([default] if b.waits_at_retire else [])
+            b.keep_for = tuple({id(s): s for s in streams if s is not b.stream}.values())
     sequencer = Turns("the sequencer")
     on_stream: Dict[int, Turns] = {}
-    for t in bound:
-        t.events = [device.new_event() for _ in range(event_slots)] if t.needs_events else None
-        t.turns = sequencer if t.globally_ordered else None
-        if t.shares_stream:
-            t.stream_turns = on_stream.setdefault(id(t.stream), Turns(f"stream {t.stream_label!r}"))
-    for t in bound:
-        t.intra = [(d, bound[d].events if cross else None) for d, cross in t.intra_deps]
-        t.inter = [(d, bound[d].events if cross else None) for d, cross in t.inter_deps]
-        t.plain = t.turns is None and t.stream_turns is None and not t.keep_for and t.events is None
+    for b in bound:
+        spec = b.spec
+        b.events = [device.new_event() for _ in range(event_slots)] if spec.needs_events else None
+        b.turns = sequencer if spec.globally_ordered else None
+        if spec.shares_stream:
+            b.stream_turns = on_stream.setdefault(id(b.stream), Turns(f"stream {b.stream_label!r}"))
+    for b in bound:
+        b.intra = [(d, bound[d].events if cross else None) for d, cross in b.spec.intra_deps]
+        b.inter = [(d, bound[d].events if cross else None) for d, cross in b.spec.inter_deps]
+        b.plain = b.turns is None and b.stream_turns is None and not b.keep_for and b.events is None
     return bound
 
 
-def all_turns(tasks: List[TaskRuntime]) -> List[Turns]:
+def all_turns(tasks: List[BoundTask]) -> List[Turns]:
     """Every ``Turns`` of a run's tasks, once each."""
     found: Dict[int, Turns] = {}
     for t in tasks:
@@ -175,7 +194,7 @@ def all_turns(tasks: List[TaskRuntime]) -> List[Turns]:
     return list(found.values())
 
 
-def run_default_stream(device: Device, tasks: List[TaskRuntime]) -> Any:
+def run_default_stream(device: Device, tasks: List[TaskSpec]) -> Any:
     """The stream current on the filling thread, which a run's "default" tasks use.
 
     Raises:

@@ -10,21 +10,23 @@ in the periods that ``progress(None)`` ran without a batch)::
     stage 1      --   i0   i1   i2   i3          queues; globally ordered slots take
     stage 0      i0   i1   i2   i3   i4          sequencer turns in the same order
 
-The engine hands each thread group exactly ``units(p, entered)`` of every period;
-``print_schedule`` renders the same data; ``check`` runs the schedule on paper (FIFO
-queues, every dependency wait, the sequencer, the clock that releases period
-``depth + k`` only once iteration ``k`` retired) and raises if it could ever get stuck;
-``settle`` runs the units already handed out on paper, to find what runs before more is
-(the data-flow engine's step boundary).
+Each thread group's units form one sequence, ``walk``: every period in turn, within
+one the group's slots in submission order. Both engines hand out exactly that
+sequence, as far as their release rule (``release.py``) allows; ``check`` runs it on
+paper under the same rule (FIFO queues, every dependency wait, the turns, the caller's
+own group) and raises if it could ever get stuck; the simulator times it;
+``print_schedule`` renders the same slots; ``settle`` runs the units already handed out
+on paper, to find what runs before more is (the step boundary).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, TypeVar
+from typing import Any, Callable, Dict, Generic, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, TypeVar
 
 from . import ordering
-from .plan import PipelinePlan
+from .plan import IterContext, PipelinePlan
+from .release import ALL, Entries, Released, ReleaseRule
 
 __all__: List[str] = []
 
@@ -47,6 +49,23 @@ class Slot:
     intra: Tuple[int, ...]  # plan indices of its intra-iteration dependencies
     inter: Tuple[int, ...]  # ... and of its inter-iteration ones (iteration i - 1)
 
+    @property
+    def takes_turns(self) -> bool:
+        """Its units run in their turn: in the sequencer (globally ordered), on a stream shared by groups, or both."""
+        return self.ordered or self.shares_stream
+
+
+class Unit(NamedTuple, Generic[T]):
+    """One task on one iteration, as a thread group's order lists it."""
+
+    period: int
+    slot: Slot
+    item: T  # what entered in period ``period - slot.stage``: an IterContext in the engines, an iteration on paper
+
+
+Work = Unit[IterContext]  # a unit as a worker runs it
+Position = Tuple[int, int]  # where a thread group's walk stands: (period, index into the group's slots)
+
 
 class ScheduleError(RuntimeError):
     """The schedule would get stuck (for the clock: a bug in the ordering, never a valid plan's fault)."""
@@ -62,9 +81,11 @@ class Schedule:
     slots: Tuple[Slot, ...]  # one period, in submission order
     rows: Tuple[Slot, ...]  # print_schedule's rows: stage-descending, in submission order within a stage
     turn_slots: Tuple[Slot, ...]  # the slots whose units take turns (globally ordered, or on a shared stream)
+    lanes: Dict[str, Tuple[Slot, ...]]  # each thread group's slots, in submission order (groups in first-use order)
 
     @classmethod
-    def build(cls, plan: PipelinePlan, stream_labels: Mapping[str, str], stream_keys: Mapping[str, object]) -> "Schedule":
+    def build(cls, plan: PipelinePlan, stream_labels: Mapping[str, str],
+              stream_keys: Mapping[str, object]) -> "Schedule":
         """The schedule of a validated plan; ``stream_keys`` identify streams (two labels may share a name)."""
         index = {name: k for k, name in enumerate(plan.task_names)}
         groups_on: Dict[int, Set[str]] = {}
@@ -79,10 +100,13 @@ class Schedule:
 
         order = ordering.enqueue_order(plan, stream_keys)
         slots = tuple(slot(name, k) for k, name in enumerate(order))
+        lanes: Dict[str, List[Slot]] = {}
+        for s in slots:
+            lanes.setdefault(s.group, []).append(s)
         # rows: stage-descending, in submission order within a stage, so that each stream's rows read
         # top to bottom in the order the stream runs them in a period
         return cls(plan.depth, slots, tuple(sorted(slots, key=lambda s: (-s.stage, s.position))),
-                   tuple(s for s in slots if s.ordered or s.shares_stream))
+                   tuple(s for s in slots if s.takes_turns), {g: tuple(v) for g, v in lanes.items()})
 
     @property
     def stages(self) -> Tuple[int, ...]:
@@ -90,16 +114,46 @@ class Schedule:
 
     def group_slots(self) -> Dict[str, Tuple[Slot, ...]]:
         """Each thread group's slots, in submission order."""
-        out: Dict[str, List[Slot]] = {}
-        for slot in self.slots:
-            out.setdefault(slot.group, []).append(slot)
-        return {group: tuple(slots) for group, slots in out.items()}
+        return dict(self.lanes)
+
+    # -- each thread group's order -------------------------------------------------------------------
+
+    def walk(self, group: str, position: Position, entered: Mapping[int, T], released: Released,
+             horizon: int = ALL) -> Tuple[List[Unit[T]], Position]:
+        """Thread group ``group``'s next units in its order, from ``position``, as far as ``released`` allows;
+        and where the walk then stands.
+
+        The order is every period in turn and, within one, the group's slots in submission
+        order. A slot whose entry has no iteration in ``entered`` (before the first, a gap,
+        after the last) has no unit and is passed. The walk stops at the first unit the
+        release rule holds back, or past ``horizon``, the last period any unit can have.
+        This is the one sequence the engines hand out, ``check`` runs on paper and the
+        simulator times.
+        """
+        slots = self.lanes[group]
+        decided = released.decided
+        last = min(released.through_period, horizon)
+        period, k = position
+        get, count, new = entered.get, len(slots), tuple.__new__
+        units: List[Unit[T]] = []
+        while period <= last:
+            while k < count:
+                slot = slots[k]
+                entry = period - slot.stage
+                if entry > decided or (period > decided and slot.takes_turns):
+                    return units, (period, k)
+                item = get(entry)
+                if item is not None:
+                    units.append(new(Unit, (period, slot, item)))
+                k += 1
+            period, k = period + 1, 0
+        return units, (period, k)
 
     def assign_turns(self, period: int, iteration_at: Callable[[int], Optional[int]], tasks: Sequence[Any]) -> None:
         """Number the units of ``period`` that take turns, in submission order (see ``signals.Turns``).
 
         ``iteration_at(entry)`` is the iteration that entered in period ``entry``, or None;
-        ``tasks`` are the run's TaskRuntimes, which hold the run's turns.
+        ``tasks`` are the run's BoundTasks, which hold the run's turns.
         """
         for slot in self.turn_slots:
             it = iteration_at(period - slot.stage)
@@ -120,11 +174,6 @@ class Schedule:
                 out.append((slot, item))
         return out
 
-    def busy_periods(self, first: int, last: int, entry_periods: Sequence[int]) -> List[int]:
-        """The periods in ``[first, last]`` with at least one unit, given the periods iterations entered in."""
-        stages = self.stages
-        return sorted({e + s for e in entry_periods for s in stages if first <= e + s <= last})
-
     def cells(self, num_periods: int) -> List[Tuple[Slot, List[str]]]:
         """Each row's cells over the first periods (one batch entering per period): ``i{iteration}`` or ``--``."""
         return [(row, [f"i{p - row.stage}" if p >= row.stage else "--" for p in range(num_periods)])
@@ -132,65 +181,106 @@ class Schedule:
 
     # -- proof by running it ---------------------------------------------------------------------------
 
-    def check(self, num_batches: int, max_live: Optional[int] = None) -> None:
-        """Run ``num_batches`` iterations of the schedule on paper; raise ScheduleError if it gets stuck.
+    def check(self, rule: ReleaseRule, num_batches: int, caller_group: Optional[str] = None) -> None:
+        """Run ``num_batches`` iterations of the schedule on paper under ``rule``; raise ScheduleError if it gets
+        stuck.
 
-        Each thread group is a FIFO of its units in (period, slot) order. A unit may run
-        once it is released, its dependencies are done, and it is its turn (in the
-        sequencer, and on a stream shared by thread groups: both follow the same order).
-        Released means, for the clock (``max_live`` None): fill releases periods
-        ``0 .. depth-1`` and retiring iteration ``k`` releases period ``depth + k``; for the
-        data-flow engine: iteration ``i`` has a context (``i < retired + max_live``), and a
-        unit that takes turns also needs its period known (its iterations fetched).
-        Running a unit never disables another, so one maximal run decides for every timing
-        whether the schedule completes.
+        The caller fills, then repeatedly runs its own group's units (``caller_group``: only
+        those the rule lets one ``progress()`` call run), retires the oldest iteration once
+        all its units are done, and hands out what the rule then releases, exactly as the
+        engines do. Each other thread group is a FIFO of the units handed to it. A unit may
+        run once its dependencies are done and it is its turn (in the sequencer, and on a
+        stream shared by thread groups; turns are numbered period by period as periods are
+        decided). Running a unit never disables another, so one maximal run decides for
+        every timing whether the schedule completes.
         """
-        Unit = Tuple[int, int, Slot]  # (period, iteration, slot)
-        queues: Dict[str, List[Unit]] = {}
-        turn_orders: Dict[object, List[Tuple[int, int]]] = {}  # the sequencer and each shared stream
-        remaining = [0] * num_batches
-        for period in range(num_batches + self.depth - 1):
-            for slot, it in self.units(period, {i: i for i in range(num_batches)}):
-                queues.setdefault(slot.group, []).append((period, it, slot))
-                remaining[it] += 1
-                for line in self.turn_lines(slot):
-                    turn_orders.setdefault(line, []).append((slot.index, it))
+        entries: Entries[int] = Entries()
+        created = [0]
+
+        def fetch() -> Optional[int]:
+            if created[0] >= num_batches:
+                return None
+            created[0] += 1
+            return created[0] - 1
+
+        queues: Dict[str, List[Unit[int]]] = {g: [] for g in self.lanes}
+        positions: Dict[str, Position] = {g: (0, 0) for g in self.lanes}
+        turn_orders: Dict[object, List[Tuple[int, int]]] = {}
+        numbered = [0]  # periods whose turns are numbered
+
+        def hand_out() -> None:
+            released = rule.released(entries)
+            horizon = entries.horizon(self.depth)
+            through = min(released.decided, released.through_period, horizon)
+            while numbered[0] <= through:
+                for slot in self.turn_slots:
+                    it = entries.entered.get(numbered[0] - slot.stage)
+                    if it is not None:
+                        for line in self.turn_lines(slot):
+                            turn_orders.setdefault(line, []).append((slot.index, it))
+                numbered[0] += 1
+            for group in self.lanes:
+                units, positions[group] = self.walk(group, positions[group], entries.entered, released, horizon)
+                queues[group].extend(units)
+
+        remaining = [len(self.slots)] * num_batches
         done: Set[Tuple[int, int]] = set()
         heads = {group: 0 for group in queues}
         turn = {line: 0 for line in turn_orders}
+        rule.fill(entries, fetch, lambda: created[0])
+        hand_out()
         retired = 0
 
-        def ready(unit: Unit) -> bool:
-            period, it, slot = unit
-            if max_live is None:
-                released = period <= self.depth - 1 + retired
-            else:
-                known = period < retired + max_live or retired + max_live >= num_batches
-                released = it < retired + max_live and (known or not self.turn_lines(slot))
-            if not released or any((d, it) not in done for d in slot.intra):
+        def ready(unit: Unit[int]) -> bool:
+            it, slot = unit.item, unit.slot
+            if any((d, it) not in done for d in slot.intra):
                 return False
             if it > 0 and any((d, it - 1) not in done for d in slot.inter):
                 return False
-            return all(turn_orders[line][turn[line]] == (slot.index, it) for line in self.turn_lines(slot))
+            for line in self.turn_lines(slot):
+                order, k = turn_orders.get(line, ()), turn.get(line, 0)
+                if k >= len(order) or order[k] != (slot.index, it):
+                    return False
+            return True
 
         while retired < num_batches:
             moved = False
+            caller_through = rule.caller_through(entries)
             for group, queue in queues.items():
                 while heads[group] < len(queue) and ready(queue[heads[group]]):
-                    _, it, slot = queue[heads[group]]
-                    done.add((slot.index, it))
-                    remaining[it] -= 1
-                    for line in self.turn_lines(slot):
-                        turn[line] += 1
+                    if group == caller_group and queue[heads[group]].period > caller_through:
+                        break  # the caller runs these in a later progress() call
+                    unit = queue[heads[group]]
+                    done.add((unit.slot.index, unit.item))
+                    remaining[unit.item] -= 1
+                    for line in self.turn_lines(unit.slot):
+                        turn[line] = turn.get(line, 0) + 1
                     heads[group] += 1
                     moved = True
-            while retired < num_batches and remaining[retired] == 0:
-                retired, moved = retired + 1, True
+            caller_busy = caller_group is not None and heads[caller_group] < len(queues[caller_group]) and \
+                queues[caller_group][heads[caller_group]].period <= caller_through
+            if remaining[retired] == 0 and not caller_busy:  # progress() runs its units first, then retires
+                entries.retire(retired)
+                retired += 1
+                rule.after_retire(entries, fetch, lambda: created[0])
+                hand_out()
+                moved = True
             if not moved:
-                blocked = "; ".join(f"thread group {g!r} waits to run {q[heads[g]][2].task} of iteration "
-                                    f"{q[heads[g]][1]}" for g, q in queues.items() if heads[g] < len(q))
+                waiting = []
+                for group, queue in queues.items():
+                    if heads[group] < len(queue):  # handed out, and waiting for something
+                        waiting.append((group, queue[heads[group]].slot.task, queue[heads[group]].item))
+                        continue
+                    period, k = positions[group]  # not handed out: the rule holds it back until it is known
+                    if k < len(self.lanes[group]):  # whether an iteration enters there (on paper, iteration i
+                        slot = self.lanes[group][k]  # enters in period i)
+                        if period - slot.stage >= 0:
+                            waiting.append((group, slot.task, period - slot.stage))
+                blocked = "; ".join(f"thread group {g!r} waits to run {task} of iteration {it}"
+                                    for g, task, it in waiting)
                 raise ScheduleError(f"with {num_batches} batches the schedule gets stuck after retiring {retired} "
-                                    f"iteration(s): {blocked}\n{self.describe(4)}", blocked)
+                                    f"iteration(s): {blocked or 'nothing is handed out'}\n{self.describe(4)}",
+                                    blocked)
 
     def settle(self, queues: Mapping[str, Sequence[Tuple[int, Slot]]],
                turn_orders: Mapping[object, Sequence[Tuple[int, int]]], retired: int) -> Dict[int, int]:
@@ -244,11 +334,17 @@ class Schedule:
         return (("sequencer",) if slot.ordered else ()) + ((("stream", slot.stream_key),) if slot.shares_stream else ())
 
     def describe(self, num_periods: int) -> str:
-        """The first periods as text, one line per period: each thread group's units in order."""
+        """The first periods as text, one line per period: each thread group's units in order (``walk``)."""
+        entered = {i: i for i in range(num_periods)}
+        released = Released(num_periods - 1, ALL)
+        periods: Dict[int, List[Tuple[int, str, str]]] = {p: [] for p in range(num_periods)}
+        for group in self.lanes:
+            for unit in self.walk(group, (0, 0), entered, released)[0]:
+                periods[unit.period].append((unit.slot.position, group, f"{unit.slot.task}(i{unit.item})"))
         lines = []
-        for period in range(num_periods):
+        for period, units in periods.items():
             per_group: Dict[str, List[str]] = {}
-            for slot, it in self.units(period, {i: i for i in range(num_periods)}):
-                per_group.setdefault(slot.group, []).append(f"{slot.task}(i{it})")
+            for _, group, text in sorted(units):
+                per_group.setdefault(group, []).append(text)
             lines.append(f"P{period}: " + "  ".join(f"{g}[{' '.join(u)}]" for g, u in per_group.items()))
         return "\n".join(lines)

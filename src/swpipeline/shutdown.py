@@ -23,19 +23,29 @@ from __future__ import annotations
 
 import atexit
 import threading
-from typing import TYPE_CHECKING, Dict, List
-
-if TYPE_CHECKING:
-    from .run import Run
+from typing import Dict, List, Protocol
 
 __all__: List[str] = []
 
 EXIT_JOIN_S = 5.0
 
-_live: Dict[int, "Run"] = {}  # id -> run, from its start until it stopped
+
+class Stoppable(Protocol):
+    """What the registry needs of a run (``run.Run``)."""
+
+    @property
+    def active(self) -> bool: ...
+
+    def threads_alive(self) -> bool: ...
+
+    def stop_at_exit(self, join_timeout: float) -> None:
+        """Abandon the run and join its workers within ``join_timeout``."""
 
 
-def track(run: "Run") -> None:
+_live: Dict[int, Stoppable] = {}  # id -> run, from its start until it stopped
+
+
+def track(run: Stoppable) -> None:
     """Stop ``run`` at interpreter exit if it is still running then (``forget`` it once it stopped)."""
     for key, old in list(_live.items()):  # runs abandoned without a join (garbage-collected pipelines)
         if not old.active and not old.threads_alive():
@@ -43,18 +53,15 @@ def track(run: "Run") -> None:
     _live[id(run)] = run
 
 
-def forget(run: "Run") -> None:
+def forget(run: Stoppable) -> None:
     _live.pop(id(run), None)
 
 
 def _stop_all_at_exit() -> None:
-    from .run import ABANDONED
-
     for run in list(_live.values()):
         if run.active:
-            run.join_timeout = min(run.join_timeout, EXIT_JOIN_S)
             try:
-                run.stop(ABANDONED)
+                run.stop_at_exit(EXIT_JOIN_S)
             except Exception:  # nothing may stop the interpreter from exiting
                 pass
 

@@ -352,7 +352,8 @@ class _Watch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        written = {k for k, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write}
+        written = {k for k, a in enumerate(func._schema.arguments)
+                   if a.alias_info is not None and a.alias_info.is_write}
         named = list(args) + [kwargs.get(a.name) for a in func._schema.arguments[len(args):]]
         known = {_storage_key(t) for t in _tensors(named)}
         for k, value in enumerate(named):

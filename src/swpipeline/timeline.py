@@ -9,7 +9,7 @@ this module. For every unit the recorded path notes::
     |<---- phase 1, timed per dependency ---->|                          |<---- the task body ---->|
 
 The task body is timed from inside the stream (lane) lock: the recorder hands the
-engine a *shadow* of each ``TaskRuntime`` whose ``exec_fn`` (the task's function,
+engine a *shadow* of each ``BoundTask`` whose ``exec_fn`` (the task's function,
 or its shortcut) is wrapped by a timer, so two tasks on one stream never show
 overlapping spans. On an accelerator the wrapper also records a pair of timing
 events on the task's stream (``device_start``/``device_end``). Times are seconds
@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .charts import save_gantt
 from .records import DependencyWait, PathLike, TaskRecord, TimelineData
-from .runtime import TaskRuntime
+from .runtime import BoundTask
 from .stats import RunStats, summarize
 from .trace_export import chrome_trace, write_chrome_trace
 
@@ -119,7 +119,7 @@ class Recorder:
     """Collects one traced run's units; ``timeline()`` turns them into a Timeline.
 
     Args:
-        tasks: the run's TaskRuntimes (indexed by ``TaskRuntime.index``).
+        tasks: the run's BoundTasks (indexed by ``BoundTask.index``).
         serial_order: task names in serial order, for tables.
         engine: the engine's name.
         device: the device's name.
@@ -128,7 +128,7 @@ class Recorder:
         caller: ``(thread group, thread name)`` of a group that runs on the caller's thread, if any.
     """
 
-    def __init__(self, tasks: Sequence[TaskRuntime], serial_order: Sequence[str], engine: str, device: str,
+    def __init__(self, tasks: Sequence[BoundTask], serial_order: Sequence[str], engine: str, device: str,
                  new_timing_event: Optional[Callable[[], Any]] = None, reference_stream: Any = None,
                  caller: Optional[Tuple[str, str]] = None) -> None:
         self._tasks = list(tasks)
@@ -149,9 +149,9 @@ class Recorder:
         # per task: [ready, cpu_start, cpu_end, device start event, device end event], and its phase-1 waits
         self._slots: List[List[Any]] = [[0.0, None, 0.0, None, None] for _ in self._tasks]
         self._waits: List[List[Tuple[int, int, float, float]]] = [[] for _ in self._tasks]
-        self.runtimes: List[TaskRuntime] = [self._shadow(t) for t in self._tasks]
+        self.runtimes: List[BoundTask] = [self._shadow(t) for t in self._tasks]
 
-    def _shadow(self, task: TaskRuntime) -> TaskRuntime:
+    def _shadow(self, task: BoundTask) -> BoundTask:
         """A copy of ``task`` whose executor (its function, or its shortcut) times itself into its slot."""
         shadow = copy.copy(task)
         shadow.exec_fn = self._timed(task.exec_fn, self._slots[task.index])
@@ -214,7 +214,7 @@ class Recorder:
             return cached
         origin = self.origin
         names = [t.name for t in self._tasks]
-        inline_group, caller_thread = self._caller or (None, "")
+        caller_group, caller_thread = self._caller or (None, "")
         records = []
         for index, iter_idx, period, ready, start, end, waits, dev_start, dev_end in raw:
             task = self._tasks[index]
@@ -226,7 +226,7 @@ class Recorder:
                 waits=tuple(DependencyWait(names[d], d_iter, w0 - origin, w1 - origin)
                             for d, d_iter, w0, w1 in waits or ()),
                 device_start=device_times[0], device_end=device_times[1],
-                thread_name=caller_thread if task.group == inline_group else ""))
+                thread_name=caller_thread if task.group == caller_group else ""))
         records.sort(key=lambda r: (r.cpu_start, r.cpu_end))
         last_end = max((r.cpu_end for r in records), default=0.0)
         wall = self._closed_at - origin if self._closed_at is not None else last_end
@@ -235,9 +235,9 @@ class Recorder:
             records=tuple(records),
             tasks=self._serial_order, thread_groups=tuple(dict.fromkeys(t.group for t in self._tasks)),
             streams=tuple(dict.fromkeys(t.stream_label for t in self._tasks)),
-            intra_deps=tuple((t.name, names[d]) for t in self._tasks for d, _ in t.intra_deps),
-            inter_deps=tuple((t.name, names[d]) for t in self._tasks for d, _ in t.inter_deps),
-            globally_ordered=tuple(t.name for t in self._tasks if t.globally_ordered))
+            intra_deps=tuple((t.name, names[d]) for t in self._tasks for d, _ in t.spec.intra_deps),
+            inter_deps=tuple((t.name, names[d]) for t in self._tasks for d, _ in t.spec.inter_deps),
+            globally_ordered=tuple(t.name for t in self._tasks if t.spec.globally_ordered))
         self._cached = ((len(raw), self._closed_at), timeline)
         return timeline
 

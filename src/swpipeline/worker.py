@@ -3,7 +3,7 @@
 A queue item is a *batch* of work units that the worker runs in order: the
 clock-driven engine puts one batch per thread group per period (one hand-off
 between threads per period, not per task); the data-flow engine puts what became
-ready. A unit is ``(task, ctx, period)``. An item also carries the torch modes of
+ready. A unit is a ``schedule.Unit`` (its period, slot and context). An item also carries the torch modes of
 the call that handed it out (``modes.Modes``, None for a fresh thread's), which its
 units run under.
 
@@ -43,9 +43,10 @@ import torch
 from .annotations import profiler_active
 from .modes import Modes
 
+from .schedule import Work as Unit
+
 __all__: List[str] = []
 
-Unit = Tuple[Any, ...]
 Report = Callable[[BaseException, Optional[Unit]], None]
 RunUnits = Tuple[Callable[..., None], Callable[..., None]]  # (plain, annotated): see _UnitRunner
 
@@ -135,7 +136,7 @@ class _UnitRunner:
                 return False
             self.current = unit
             try:
-                run_unit(*unit)
+                run_unit(unit)
             except BaseException as exc:
                 self.current = None
                 self._report(exc, unit)
@@ -196,7 +197,7 @@ class Worker(_UnitRunner):
         self._queue.put((modes, units))
 
     def watch(self, owner: object, orphaned: Callable[[], None]) -> None:
-        """When ``owner`` is garbage-collected, call ``orphaned()`` on this thread and end (see the module docstring)."""
+        """When ``owner`` is garbage-collected, call ``orphaned()`` on this thread and end (module docstring)."""
         self._orphaned = orphaned
         self._owner = weakref.ref(owner, self._queue.put)
 
@@ -250,7 +251,7 @@ class Worker(_UnitRunner):
 
 
 
-class InlineWorker(_UnitRunner):
+class CallerWorker(_UnitRunner):
     """A thread group whose units run on the thread that calls ``progress()``, not on a worker thread.
 
     Units queue up as for a ``Worker``; ``run_queued()`` runs them in order, stopping at
@@ -296,4 +297,4 @@ class InlineWorker(_UnitRunner):
         return False
 
 
-WorkerLike = Union[Worker, InlineWorker]
+WorkerLike = Union[Worker, CallerWorker]

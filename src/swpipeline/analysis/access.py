@@ -49,7 +49,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..plan import DeclaredIO, IterContext, PipelineTask
-from ..shortcut import _Journal, _RecordingView
+from ..recording import Journal, RecordingView
 from .generators import GeneratorKey, drawn_from, draws_nothing, generator_name, named_generators
 from .inplace import WATCHED, ValueWatch
 from .naming import MAX_DEPTH, describe, find_roots, named_slots, storage_key, walk_tensors
@@ -65,7 +65,7 @@ Note = Callable[[str, str], None]  # (kind, attribute name)
 # -- the context ---------------------------------------------------------------------------------------
 
 
-class _NotingJournal(_Journal):
+class _NotingJournal(Journal):
     """A recording journal that hands every context access to ``note(kind, name)`` as it happens.
 
     Values read are watched (``inplace.py``); ``finish()``, once the task has returned,
@@ -74,7 +74,7 @@ class _NotingJournal(_Journal):
 
     watches = WATCHED
 
-    def __init__(self, target: IterContext, note: Note) -> None:  # noqa: the journal's own records are not kept
+    def __init__(self, target: IterContext, note: Note) -> None:  # no super().__init__: no records kept
         self.target = target
         self._note = note
         self._values: Optional[ValueWatch] = None
@@ -109,7 +109,7 @@ def recording_view(ctx: IterContext, note: Note) -> Tuple[IterContext, Callable[
     """A stand-in for ``ctx`` that forwards every access to it and calls ``note`` for each; and the function to
     call when the task has returned, which notes what it changed in place."""
     journal = _NotingJournal(ctx, note)
-    return _RecordingView(journal), journal.finish
+    return RecordingView(journal), journal.finish
 
 
 @dataclass

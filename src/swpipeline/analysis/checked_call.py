@@ -17,7 +17,7 @@ journal's hooks.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 import torch
 
@@ -25,10 +25,7 @@ from .access import DELETE, MUTATE, READ, WRITE, DrawObserver
 from .generators import GeneratorKey
 from .inplace import WATCHED, ValueWatch
 from ..plan import IterContext
-from ..shortcut import _JOURNAL_SLOT, _Journal, _RecordingView
-
-if TYPE_CHECKING:
-    from .races import RaceChecker
+from ..recording import JOURNAL_SLOT, Journal, RecordingView
 
 __all__: List[str] = []
 
@@ -39,10 +36,20 @@ Log = Dict[Any, List[Access]]  # one context's accesses: attribute (or EVERY) ->
 EVERY = object()  # the log key of a look at every attribute at once
 _WATCHED_TYPES = frozenset({torch.Tensor, torch.nn.Parameter, list, dict, tuple, set})  # watched, at a glance
 _PLAIN_TYPES = frozenset({int, float, bool, str, bytes, complex, type(None)})  # never watched, at a glance
-new_view, set_journal = object.__new__, _JOURNAL_SLOT.__set__  # CheckedView(journal) is set_journal(new_view(...))
+new_view, set_journal = object.__new__, JOURNAL_SLOT.__set__  # CheckedView(journal) is set_journal(new_view(...))
 
 
-class CheckedJournal(_Journal, DrawObserver):
+class Checker(Protocol):
+    """What a checked call asks of its checker (``RaceChecker``): compare an access, log a draw, known verdicts."""
+
+    _verdicts: Dict[Tuple[int, int, int], bool]  # (task, other task, iteration distance) -> ordered by happens-before
+
+    def _compare(self, log: Log, attr: Any, entries: List[Access], access: Access) -> None: ...
+
+    def _draw(self, key: GeneratorKey, unit: Unit) -> None: ...
+
+
+class CheckedJournal(Journal, DrawObserver):
     """The recording view's journal for one call of a wrapped task: every access goes to the checker's log.
 
     It is also the dispatch mode that sees the call's draws (``DrawObserver``: pushed on the
@@ -53,8 +60,8 @@ class CheckedJournal(_Journal, DrawObserver):
     watches = WATCHED
     values: Optional[ValueWatch] = None  # the values read, once one could be changed in place
 
-    def __init__(self, target: IterContext, checker: "RaceChecker", log: Log,
-                 unit: Unit) -> None:  # noqa: the journal's own records are not kept
+    def __init__(self, target: IterContext, checker: Checker, log: Log,
+                 unit: Unit) -> None:  # (no super().__init__:) the journal's own records are not kept
         self.target = target
         self.checker = checker
         self.log = log
@@ -101,12 +108,12 @@ class CheckedJournal(_Journal, DrawObserver):
                 self._log(name, MUTATE)
 
 
-class CheckedView(_RecordingView):
+class CheckedView(RecordingView):
     """The recording view of a checked call: plain attribute reads and assignments logged in place.
 
     The hot path of a checked run. It logs an access as ``CheckedJournal._log`` does, and
     calls the checker only when the attribute's log holds another unit's access whose
-    verdict is not known to be "ordered"; everything else is ``_RecordingView``'s.
+    verdict is not known to be "ordered"; everything else is ``RecordingView``'s.
     """
 
     __slots__ = ()
@@ -116,7 +123,7 @@ class CheckedView(_RecordingView):
         if name == "iter_idx":
             return journal.target.iter_idx
         if name[:1] == "_":
-            return _RecordingView.__getattribute__(self, name)
+            return RecordingView.__getattribute__(self, name)
         log = journal.log
         entries = log.get(name)
         if entries is None:
@@ -152,4 +159,4 @@ class CheckedView(_RecordingView):
             journal.mirror._mirror_one(name)
 
 
-_checked_journal_of: Callable[[CheckedView], CheckedJournal] = _JOURNAL_SLOT.__get__  # a checked view's journal
+_checked_journal_of: Callable[[CheckedView], CheckedJournal] = JOURNAL_SLOT.__get__  # a checked view's journal

@@ -105,7 +105,8 @@ class RowCache:
             self.pending_late = plan if plan.num_late else None
 
     def finish_swap(self, plan: SwapPlan) -> None:
-        """The late part of ``plan``'s swap, if it has one (after the previous batch's update, on the current stream)."""
+        """The late part of ``plan``'s swap, if it has one (after the previous batch's update, on the current
+        stream)."""
         if not plan.num_late:
             return
         with self.lock:

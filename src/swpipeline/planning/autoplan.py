@@ -18,7 +18,6 @@ local search beyond (``plan_search``). The plan it returns is valid for both eng
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .costs import TaskCosts
@@ -28,8 +27,8 @@ from ..analysis.report import PlanAnalysis
 from .kept_orders import Order, analysis_orders, as_dependencies, coerce_orders, orders_dropped
 from .plan_search import Scorer, Space, count_candidates, exhaustive, local, starting_points, valid_stages
 from .plan_space import Bounds, Candidate, normalized
+from .search_result import PlanSearch
 from .sim_model import run_caller_group
-from .sim_result import SimResult
 from .simulator import simulate
 
 __all__: List[str] = []
@@ -38,52 +37,6 @@ TaskRef = Union[PipelineTask, str]
 KeepOrders = Union[PlanAnalysis, Sequence[Tuple[str, str, Union[str, int]]], None]
 EXHAUSTIVE_LIMIT = 200_000
 LOCAL_BUDGET = 3000
-
-
-@dataclass(frozen=True)
-class PlanSearch:
-    """What ``autoplan`` found (``search_plan`` returns it; ``autoplan`` returns its ``plan``).
-
-    Attributes:
-        plan: the suggested plan.
-        result: its simulation.
-        engine, max_in_flight: as asked.
-        exhaustive: whether every candidate was considered (else the local search ran).
-        candidates: how many candidates the space holds.
-        simulated: how many were simulated.
-        baseline, baseline_result: the plan to compare with, and its simulation, if one was given.
-        kept_baseline: no plan was predicted faster than the baseline by more than ``tolerance``,
-            so ``plan`` is the baseline itself (or, where it does not keep every order of
-            ``keep_orders``, its placement with those orders declared).
-    """
-
-    plan: PipelinePlan
-    result: SimResult
-    engine: str
-    max_in_flight: int
-    exhaustive: bool
-    candidates: int
-    simulated: int
-    baseline: Optional[PipelinePlan] = None
-    baseline_result: Optional[SimResult] = None
-    kept_baseline: bool = False
-
-    @property
-    def speedup(self) -> Optional[float]:
-        """The baseline's predicted time over the suggestion's (None without a baseline)."""
-        if self.baseline_result is None:
-            return None
-        return self.baseline_result.seconds / self.result.seconds
-
-    def format_report(self) -> str:
-        """The suggestion as text: how it was found, its schedule, and the comparison with the baseline."""
-        from .plan_report import format_search
-
-        return format_search(self)
-
-    def print_report(self) -> None:
-        """Print ``format_report()``."""
-        print(self.format_report())
 
 
 def autoplan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRef, TaskRef]],

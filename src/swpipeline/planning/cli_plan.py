@@ -16,10 +16,10 @@ import argparse
 import importlib
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..analysis.races import HappensBefore, Placement
-from ..cli import int_at_least, name_list
+from ..cli_args import int_at_least, name_list
 from .autoplan import search_plan
 from .costs import TaskCosts
 from .kept_orders import Order, declaration_text, grouped_text, order_text, orders_dropped, placement_orders

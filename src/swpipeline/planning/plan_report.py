@@ -1,15 +1,12 @@
-"""Text reports of plans and of ``autoplan``'s search: a plan's schedule table, suggestion vs baseline."""
+"""Text reports of plans: a plan's schedule table, and plans' predictions side by side (suggestion vs baseline)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from ..plan import PipelinePlan
 from .sim_result import SimResult
 from ..tables import text_table as _table
-
-if TYPE_CHECKING:
-    from .autoplan import PlanSearch
 
 __all__: List[str] = []
 
@@ -56,20 +53,3 @@ def format_comparison(columns: Sequence[str], plans: Sequence[PipelinePlan], res
         base = results[speedup_over].seconds
         rows.append(["predicted speedup"] + [f"{base / r.seconds:.2f}x" for r in results])
     return "\n".join(_table(["", *columns], rows, left=1))
-
-
-def format_search(search: "PlanSearch") -> str:
-    """``PlanSearch.format_report()``: how the plan was found, the comparison, the plan and its lanes."""
-    how = "exhaustive search" if search.exhaustive else "local search (the space is too large to try every plan)"
-    lines = [f"autoplan: {search.engine} engine, at most {search.max_in_flight} iterations alive; "
-             f"{search.simulated} of {search.candidates:,} candidate plans simulated ({how}), "
-             f"{search.result.num_iterations} iterations each", ""]
-    if search.baseline is not None and search.baseline_result is not None:
-        lines.append(format_comparison(["baseline", "suggested"], [search.baseline, search.plan],
-                                       [search.baseline_result, search.result], speedup_over=0))
-    else:
-        lines.append(format_comparison(["suggested"], [search.plan], [search.result]))
-    if search.kept_baseline:
-        lines += ["", "no plan is predicted faster than the baseline by more than the tolerance: keep it"]
-    lines += ["", "suggested plan:", format_plan(search.plan), "", search.result.format()]
-    return "\n".join(lines)

@@ -118,9 +118,9 @@ class Scorer:
             depth = max(cand[0]) + 1
             live = depth if self.engine == "clocked" else self.space.max_in_flight
             caller = run_caller_group(plan, self.engine, live, self.space.caller_group)
-            inline = compiled.groups.index(caller) if caller in compiled.groups else None
+            caller_index = compiled.groups.index(caller) if caller in compiled.groups else None
             sim = Simulation(compiled, self.thread_costs, self.device_costs, self.num_iterations, self.engine, live,
-                             self.overheads, self.data_seconds, inline)
+                             self.overheads, self.data_seconds, caller_index)
             sim.run(self.space.cores, self.best * (1 + self.tolerance))  # past that it cannot be picked
             found = self.cache[cand] = sim.total
             self.best = min(self.best, found)

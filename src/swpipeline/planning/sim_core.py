@@ -27,10 +27,12 @@ The caller's actions, per engine (``clocked``: the period clock; ``dataflow``: t
                release P{depth+k}) for k = 0 .. N-1 | stop threads
     dataflow   start threads | top up | (retire k, top up) for k = 0 .. N-1 | stop threads
 
-A release fetches a batch (if any is left) and hands each group its units of the
-period; a top-up fetches batches while fewer than ``max_depth`` iterations are alive
-and hands out every unit whose iteration exists. Retiring waits for the iteration's
-last unit (+ wake). Every unit and caller action keeps what made it wait last
+A release (one clock tick) and a top-up are the engine's own release rule
+(``release.py``) applied to paper entries: it draws batches (each costs the engine's
+period cost plus the data time), then every group's order (``Schedule.walk``) is handed
+out as far as the rule allows, as the engines do it; the caller's group runs, per call,
+up to the rule's ``caller_through``. Retiring waits for the iteration's last unit (+ wake).
+Every unit and caller action keeps what made it wait last
 (its *cause*), which is how the critical path is read back.
 """
 
@@ -39,6 +41,7 @@ from __future__ import annotations
 import heapq
 from typing import List, Optional, Sequence, Tuple
 
+from ..release import Entries, rule_of
 from .overheads import EngineOverheads
 from .sim_model import CompiledPlan, unit_sequences
 
@@ -46,7 +49,7 @@ __all__: List[str] = []
 
 # causes: what a unit or caller action waited for last
 THREAD, RELEASE, DEP, TURN, CALLER, KNOWN, CORE = range(7)
-START, RELEASE_PERIOD, INLINE, RETIRE, TOPUP, END = range(6)
+START, RELEASE_PERIOD, CALLER_UNITS, RETIRE, TOPUP, END = range(6)
 
 
 class Simulation:
@@ -54,9 +57,9 @@ class Simulation:
 
     def __init__(self, compiled: CompiledPlan, thread_costs: Sequence[Sequence[float]],
                  device_costs: Sequence[Optional[Sequence[float]]], num_iterations: int, engine: str,
-                 max_live: int, overheads: EngineOverheads, data_seconds: float, inline: Optional[int]) -> None:
+                 max_live: int, overheads: EngineOverheads, data_seconds: float, caller_group: Optional[int]) -> None:
         self.c, self.N, self.engine, self.max_live = compiled, num_iterations, engine, max_live
-        self.o, self.data_seconds, self.inline = overheads, data_seconds, inline
+        self.o, self.data_seconds, self.caller_group = overheads, data_seconds, caller_group
         self.costs, self.device_costs = thread_costs, device_costs
         self.device = any(d is not None for d in device_costs)
         n = self.n = compiled.n
@@ -65,6 +68,10 @@ class Simulation:
         self.dev_start, self.dev_end = ([-1.0] * size, [-1.0] * size) if self.device else ([], [])
         self.cause, self.cause_ref = [0] * size, [0] * size
         self.seq = unit_sequences(compiled, num_iterations)
+        self.rule = rule_of(engine, compiled.depth, max_live)  # the engine's own release rule (release.py)
+        self.entries: Entries[int] = Entries()  # which iteration entered in which period, on paper
+        self.fill_steps_done = 0
+        self.positions = {group: (0, 0) for group in compiled.groups}  # each group's walk (Schedule.walk)
         groups = len(compiled.groups)
         self.head, self.handed, self.free = [0] * groups, [0] * groups, [0.0] * groups
         self.last_unit = [-1] * groups  # the key of the group's previous unit
@@ -75,15 +82,14 @@ class Simulation:
         self.remaining, self.iter_end = [n] * num_iterations, [0.0] * num_iterations
         self.iter_last = [-1] * num_iterations
         self.created_at, self.retired_at = [0.0] * num_iterations, [0.0] * num_iterations
-        self.known_at: List[float] = []  # data-flow: when each period's turns were numbered
+        self.known_at: List[float] = []  # when each period's turns were numbered
         self.known_by: List[int] = []  # ... and by which caller action
         self.actions = self._caller_actions()
         self.action_time: List[Tuple[float, float]] = []  # (start, end) of each caller action done
         self.action_cause: List[Tuple[int, int]] = []
         self.pc, self.t = 0, 0.0  # the caller's next action and its clock
-        self.inline_mark: Tuple[int, int, float] = (-1, -1, 0.0)  # (action, group's last unit, time) at its start
+        self.caller_mark: Tuple[int, int, float] = (-1, -1, 0.0)  # (action, group's last unit, time) at its start
         self.created = self.retired = 0
-        self.final: Optional[float] = None  # data-flow: when the end of the data was seen
         self.limit, self.stopped = float("inf"), False  # see run()
 
     # -- the caller ---------------------------------------------------------------------------------
@@ -94,14 +100,14 @@ class Simulation:
         if self.engine == "clocked":
             acts += [(RELEASE_PERIOD, p) for p in range(depth)]
             for k in range(N):
-                if self.inline is not None:
-                    acts.append((INLINE, k))
+                if self.caller_group is not None:
+                    acts.append((CALLER_UNITS, k))
                 acts += [(RETIRE, k), (RELEASE_PERIOD, depth + k)]
         else:
             acts.append((TOPUP, 0))
             for k in range(N):
-                if self.inline is not None:
-                    acts.append((INLINE, k))  # its units up to the last period of iteration k
+                if self.caller_group is not None:
+                    acts.append((CALLER_UNITS, k))  # its units up to the last period of iteration k
                 acts += [(RETIRE, k), (TOPUP, 0)]
         acts.append((END, 0))
         return acts
@@ -116,7 +122,7 @@ class Simulation:
         if cores is not None:
             self._run_in_time_order(cores)
             return
-        groups = [g for g in range(len(self.c.groups)) if g != self.inline]
+        groups = [g for g in range(len(self.c.groups)) if g != self.caller_group]
         last = len(self.actions)
         while self.pc < last:
             if self.t > limit:
@@ -138,30 +144,30 @@ class Simulation:
             moved = True
         return moved
 
-    def _step_caller(self, run_inline: bool) -> bool:
+    def _step_caller(self, run_caller_units: bool) -> bool:
         """Do the caller's next action if it can be done now; returns whether it was.
 
-        ``run_inline``: an INLINE action runs the caller's own units itself (else they are
+        ``run_caller_units``: an CALLER_UNITS action runs the caller's own units itself (else they are
         computed one at a time by ``_run_in_time_order`` and the action only ends them).
         """
         o = self.o
         kind, arg = self.actions[self.pc]
         begin, cause = self.t, (CALLER, self.pc - 1)
         if kind == START:
-            self.t += o.thread_start * (len(self.c.groups) - (self.inline is not None))
-        elif kind == RELEASE_PERIOD:
-            self._release_period(arg)
-        elif kind == INLINE:
-            g = -1 if self.inline is None else self.inline
-            if self.inline_mark[0] != self.pc:  # entering the action (it may take several calls)
-                self.inline_mark = (self.pc, self.last_unit[g], self.t)
-            upto = self._inline_upto(arg)
-            if run_inline and self.head[g] < upto:
+            self.t += o.thread_start * (len(self.c.groups) - (self.caller_group is not None))
+        elif kind in (RELEASE_PERIOD, TOPUP):
+            self._hand_out()
+        elif kind == CALLER_UNITS:
+            g = -1 if self.caller_group is None else self.caller_group
+            if self.caller_mark[0] != self.pc:  # entering the action (it may take several calls)
+                self.caller_mark = (self.pc, self.last_unit[g], self.t)
+            upto = self._caller_upto(arg)
+            if run_caller_units and self.head[g] < upto:
                 self._advance_group(g, self.t, True, upto)
             if self.head[g] < upto:
                 return False
-            begin = self.inline_mark[2]
-            if self.last_unit[g] != self.inline_mark[1]:  # it ends with its last unit
+            begin = self.caller_mark[2]
+            if self.last_unit[g] != self.caller_mark[1]:  # it ends with its last unit
                 cause = (THREAD, self.last_unit[g])
         elif kind == RETIRE:
             if self.remaining[arg] > 0:
@@ -170,23 +176,20 @@ class Simulation:
                 self.t, cause = self.iter_end[arg] + o.wake, (DEP, self.iter_last[arg])
             self.t += o.retire
             self.retired_at[arg], self.retired = self.t, self.retired + 1
-        elif kind == TOPUP:
-            self._top_up()
+            self.entries.retire(arg)
         else:
-            self.t += o.thread_stop * (len(self.c.groups) - (self.inline is not None))
+            self.t += o.thread_stop * (len(self.c.groups) - (self.caller_group is not None))
         self.action_time.append((begin, self.t))
         self.action_cause.append(cause)
         self.pc += 1
         return True
 
-    def _inline_upto(self, retiring: int) -> int:
-        """How far the caller's group's units go in an INLINE action before retiring iteration ``retiring``:
-        all handed out (clocked), or those of periods up to the last one of that iteration (data-flow)."""
-        g = self.inline
+    def _caller_upto(self, retiring: int) -> int:
+        """How far the caller's group's units go in an CALLER_UNITS action before retiring iteration ``retiring``:
+        those of periods up to the rule's ``caller_through`` (the oldest iteration's last), of those handed out."""
+        g = self.caller_group
         assert g is not None
-        if self.engine == "clocked":
-            return self.handed[g]
-        last, periods, h = retiring + self.c.depth - 1, self.seq.periods[g], self.head[g]
+        last, periods, h = self.rule.caller_through(self.entries), self.seq.periods[g], self.head[g]
         while h < self.handed[g] and periods[h] <= last:
             h += 1
         return h
@@ -204,17 +207,17 @@ class Simulation:
         """``run()`` with at most ``cores`` task functions running at once: units take a free core in the
         order they become ready (a unit that finds none waits for the first to be freed)."""
         free_cores = [(0.0, -1)] * cores  # (free from, the unit that held it), a heap
-        workers = [g for g in range(len(self.c.groups)) if g != self.inline]
+        workers = [g for g in range(len(self.c.groups)) if g != self.caller_group]
         while self.pc < len(self.actions):
             if self.t > self.limit:
                 self.stopped = True
                 return
             best: Optional[Tuple[float, int, Tuple[float, float, int, int]]] = None
             action, arg = self.actions[self.pc]
-            inline_turn = action == INLINE and self.inline is not None
-            for g in workers + ([self.inline] if inline_turn and self.inline is not None else []):
-                if self.head[g] < (self._inline_upto(arg) if g == self.inline else self.handed[g]):
-                    ready = self._ready(g, self.t if g == self.inline else self.free[g], g == self.inline)
+            caller_turn = action == CALLER_UNITS and self.caller_group is not None
+            for g in workers + ([self.caller_group] if caller_turn and self.caller_group is not None else []):
+                if self.head[g] < (self._caller_upto(arg) if g == self.caller_group else self.handed[g]):
+                    ready = self._ready(g, self.t if g == self.caller_group else self.free[g], g == self.caller_group)
                     if ready is not None and (best is None or ready[0] < best[0]):
                         best = (ready[0], g, ready)
             due = self._caller_due()
@@ -230,75 +233,60 @@ class Simulation:
                 t, why, ref = core_free, CORE, holder
             h = self.head[g]
             key = self.seq.iters[g][h] * self.c.n + self.seq.tasks[g][h]
-            heapq.heapreplace(free_cores, (self._commit(g, g == self.inline, t, picked, why, ref), key))
+            heapq.heapreplace(free_cores, (self._commit(g, g == self.caller_group, t, picked, why, ref), key))
 
-    def _fetch(self) -> None:
+    def _fetch(self) -> Optional[int]:
+        """The release rule draws a batch: the next iteration, or None past the last."""
         it = self.created
+        if it >= self.N:
+            return None
         self.t += self.o.period + self.data_seconds
         self.created_at[it], self.created = self.t, it + 1
+        return it
 
-    def _release_period(self, period: int) -> None:
-        """Clocked: fetch the batch entering ``period`` (if any is left), hand each group its units of it."""
-        if period < self.N:
-            self._fetch()
+    def _hand_out(self) -> None:
+        """A hand-out by the engine's release rule: a step of the fill, or what follows a retirement (the
+        clock: one tick; the data-flow engine: a top-up); then every unit the rule releases is handed out."""
+        rule, entries, created = self.rule, self.entries, self.created
+        if self.fill_steps_done < rule.fill_steps:
+            rule.fill_step(entries, self._fetch, lambda: self.created)
+            self.fill_steps_done += 1
         else:
-            self.t += self.o.period  # a period without a new batch: handing out its units
-        for g, periods in enumerate(self.seq.periods):
-            h = self.handed[g]
-            while h < len(periods) and periods[h] == period:
-                h += 1
-            if h > self.handed[g]:
-                self.handed[g] = h
-                self.batches[g].append((h, self.t, self.pc))
-
-    def _top_up(self) -> None:
-        """Data-flow: fetch while fewer than max_depth iterations are alive, number the known periods' turns,
-        hand out every unit whose iteration exists."""
-        fetched = 0
-        while self.created - self.retired < self.max_live and self.final is None:
-            if self.created < self.N:
-                self._fetch()
-                fetched += 1
-            else:
-                self.final = self.t
-        if not fetched:
+            rule.after_retire(entries, self._fetch, lambda: self.created)
+        if self.created == created:
             self.t += self.o.period  # handing out without a new batch
-        last = self.created - 1 if self.final is None else self.N + self.c.depth - 2
-        while len(self.known_at) <= last:
+        released, horizon = rule.released(entries), entries.horizon(self.c.depth)
+        known = min(released.decided, released.through_period, horizon)
+        while len(self.known_at) <= known:
             self.known_at.append(self.t)
             self.known_by.append(self.pc)
-        published, ended = self.created, self.final is not None
-        for g, gate in enumerate(self.seq.gate):
-            h = self.handed[g]
-            if ended:
-                h = len(gate)
-            else:
-                while h < len(gate) and gate[h] < published:
-                    h += 1
-            if h > self.handed[g]:
-                self.handed[g] = h
-                self.batches[g].append((h, self.t, self.pc))
+        walk = self.c.schedule.walk
+        for g, group in enumerate(self.c.groups):
+            units, self.positions[group] = walk(group, self.positions[group], entries.entered, released, horizon)
+            if units:
+                self.handed[g] += len(units)
+                self.batches[g].append((self.handed[g], self.t, self.pc))
 
     # -- the threads ---------------------------------------------------------------------------------
 
-    def _advance_group(self, g: int, free: float, inline: bool, upto: Optional[int] = None) -> bool:
+    def _advance_group(self, g: int, free: float, on_caller: bool, upto: Optional[int] = None) -> bool:
         """Compute group ``g``'s units in order while they can be (up to unit ``upto``, default every unit
         handed out); returns whether one was.
 
         ``free`` is when the thread is free: its last unit's end, or the caller's clock for
-        the caller's own group (``inline``), whose units are never waited for in a queue.
+        the caller's own group (``on_caller``), whose units are never waited for in a queue.
         """
         moved = False
         end = self.handed[g] if upto is None else upto
         while self.head[g] < end:
-            ready = self._ready(g, free, inline)
+            ready = self._ready(g, free, on_caller)
             if ready is None:
                 break
-            free = self._commit(g, inline, *ready)
+            free = self._commit(g, on_caller, *ready)
             moved = True
         return moved
 
-    def _ready(self, g: int, free: float, inline: bool) -> Optional[Tuple[float, float, int, int]]:
+    def _ready(self, g: int, free: float, on_caller: bool) -> Optional[Tuple[float, float, int, int]]:
         """When group ``g``'s next unit can start: ``(start, picked, cause, cause_ref)``, or None while something
         it waits for has no time yet (see the module docstring)."""
         c, wake, n = self.c, self.o.wake, self.n
@@ -309,7 +297,7 @@ class Simulation:
             bptr += 1
         self.bptr[g] = bptr
         released = batches[bptr][1]
-        if inline:  # the caller runs it: after its previous unit, or after the caller's last action
+        if on_caller:  # the caller runs it: after its previous unit, or after the caller's last action
             prev = self.last_unit[g]
             t, why, ref = (free, THREAD, prev) if prev >= 0 and end[prev] == free else (free, CALLER, self.pc - 1)
         elif free >= released:
@@ -336,19 +324,18 @@ class Simulation:
             lines, key = self.seq.lines, base + task
             if any(lines[line][self.line_ptr[line]] != key for line in task_lines):
                 return None
-            if self.engine == "dataflow":  # the unit's number exists once its period is known
-                period, known = self.seq.periods[g][h], self.known_at
-                if period >= len(known):
-                    return None
-                if known[period] > t:
-                    t, why, ref = known[period] + wake, KNOWN, self.known_by[period]
+            period, known = self.seq.periods[g][h], self.known_at  # numbered once its period is known
+            if period >= len(known):
+                return None
+            if known[period] > t:
+                t, why, ref = known[period] + wake, KNOWN, self.known_by[period]
             for line in task_lines:
                 ptr = self.line_ptr[line]
                 if ptr > 0 and self.line_end[line] > t:
                     t, why, ref = self.line_end[line] + wake, TURN, lines[line][ptr - 1]
         return t, picked, why, ref
 
-    def _commit(self, g: int, inline: bool, t: float, picked: float, why: int, ref: int) -> float:
+    def _commit(self, g: int, on_caller: bool, t: float, picked: float, why: int, ref: int) -> float:
         """Record group ``g``'s next unit as starting at ``t``; returns its end."""
         h = self.head[g]
         task, it = self.seq.tasks[g][h], self.seq.iters[g][h]
@@ -361,7 +348,7 @@ class Simulation:
             self.line_end[line] = finish
         if self.device:
             self._run_on_device(task, it, t, finish)
-        if inline:
+        if on_caller:
             self.t = finish
         else:
             self.free[g] = finish

@@ -7,7 +7,8 @@ the engines run. What is added is only what the simulator needs to go fast: per
 thread group the sequence of its units for ``N`` iterations, per turn line (the
 sequencer, and each stream shared by thread groups) the order its units take turns.
 
-Unit order, the same for both engines (periods are virtual for the data-flow engine)::
+Unit order, the same for both engines (periods are virtual for the data-flow engine),
+is the engines' own (``Schedule.walk``)::
 
     period p, slot k  ->  iteration p - stage(k)      keep 0 <= iteration < N
     group g's units   =   (p, k) for p = 0, 1, ...; k over g's slots in submission order
@@ -23,6 +24,7 @@ from .. import ordering
 from ..device import CPUDevice
 from ..plan import PipelinePlan
 from ..runtime import build_tasks
+from ..release import ALL, Released, rule_of
 from ..schedule import Schedule
 
 __all__: List[str] = []
@@ -73,9 +75,7 @@ def compile_plan(plan: PipelinePlan) -> CompiledPlan:
     line_ids: Dict[object, int] = {}
     lines_of: List[Tuple[int, ...]] = [() for _ in tasks]
     for slot in schedule.slots:
-        keys = ((("sequencer",),) if slot.ordered else ()) + ((("stream", slot.stream_key),) if slot.shares_stream
-                                                                else ())
-        lines_of[slot.index] = tuple(line_ids.setdefault(key, len(line_ids)) for key in keys)
+        lines_of[slot.index] = tuple(line_ids.setdefault(key, len(line_ids)) for key in schedule.turn_lines(slot))
     index = {name: k for k, name in enumerate(plan.task_names)}
     return CompiledPlan(
         plan=plan, schedule=schedule, names=tuple(plan.task_names), depth=schedule.depth, groups=groups,
@@ -90,53 +90,43 @@ def compile_plan(plan: PipelinePlan) -> CompiledPlan:
 class UnitSequences:
     """Each thread group's units for ``N`` iterations, and each turn line's order.
 
-    ``tasks[g][h]``, ``iters[g][h]``, ``periods[g][h]``: the ``h``-th unit of group ``g``.
-    ``gate[g][h]``: the highest iteration the data-flow engine's hand-out cursor must
-    see published before it passes unit ``h`` (the unit's own, or that of a unit of an
-    iteration >= N just before it, which holds the cursor until the data is known to end).
-    ``lines[l]``: the units of turn line ``l`` as ``iteration * n + task``, in turn order.
+    ``tasks[g][h]``, ``iters[g][h]``, ``periods[g][h]``: the ``h``-th unit of group ``g``, in
+    the order ``Schedule.walk`` gives (the one the engines hand out). ``lines[l]``: the
+    units of turn line ``l`` as ``iteration * n + task``, in turn order.
     """
 
     tasks: List[List[int]]
     iters: List[List[int]]
     periods: List[List[int]]
-    gate: List[List[int]]
     lines: List[List[int]]
 
 
 def unit_sequences(compiled: CompiledPlan, num_iterations: int) -> UnitSequences:
     """The units of ``num_iterations`` iterations, per thread group and per turn line (see the module docstring)."""
-    n, groups = compiled.n, len(compiled.groups)
-    tasks: List[List[int]] = [[] for _ in range(groups)]
-    iters: List[List[int]] = [[] for _ in range(groups)]
-    periods: List[List[int]] = [[] for _ in range(groups)]
-    gate: List[List[int]] = [[] for _ in range(groups)]
-    pending_gate: List[int] = [-1] * groups
+    schedule, n = compiled.schedule, compiled.n
+    entered = {i: i for i in range(num_iterations)}
+    everything = Released(ALL, ALL)
+    horizon = num_iterations + compiled.depth - 2
+    tasks: List[List[int]] = []
+    iters: List[List[int]] = []
+    periods: List[List[int]] = []
+    for group in compiled.groups:
+        units = schedule.walk(group, (0, 0), entered, everything, horizon)[0]
+        tasks.append([u.slot.index for u in units])
+        iters.append([u.item for u in units])
+        periods.append([u.period for u in units])
     lines: List[List[int]] = [[] for _ in range(compiled.num_lines)]
-    slots = [(s.index, s.stage, compiled.group_of[s.index], compiled.lines_of[s.index])
-             for s in compiled.schedule.slots]
-    for period in range(num_iterations + compiled.depth - 1):
-        for task, stage, group, task_lines in slots:
-            it = period - stage
-            if it < 0:
-                continue
-            if it >= num_iterations:
-                pending_gate[group] = max(pending_gate[group], it)
-                continue
-            tasks[group].append(task)
-            iters[group].append(it)
-            periods[group].append(period)
-            gate[group].append(max(it, pending_gate[group]))
-            pending_gate[group] = -1
-            for line in task_lines:
-                lines[line].append(it * n + task)
-    return UnitSequences(tasks, iters, periods, gate, lines)
+    for period in range(horizon + 1):
+        for slot, it in schedule.units(period, entered):
+            for line in compiled.lines_of[slot.index]:
+                lines[line].append(it * n + slot.index)
+    return UnitSequences(tasks, iters, periods, lines)
 
 
 def caller_group_allowed(engine: str, live: int, depth: int) -> bool:
-    """Whether the engine's ``run()`` can run a thread group on the calling thread: the clock-driven one
-    always, the data-flow one with at least ``depth`` live iterations, ``run_serial`` has no groups."""
-    return engine == "clocked" or (engine == "dataflow" and live >= depth)
+    """Whether the engine's ``run()`` can run a thread group on the calling thread (its release rule says;
+    ``run_serial`` has no groups)."""
+    return engine in ("clocked", "dataflow") and rule_of(engine, depth, live).allows_caller_group
 
 
 def run_caller_group(plan: PipelinePlan, engine: str, live: int, value: Optional[str]) -> Optional[str]:

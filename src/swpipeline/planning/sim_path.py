@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from typing import Dict, List, NamedTuple, Tuple
 
-from .sim_core import (CALLER, CORE, DEP, END, INLINE, KNOWN, RELEASE, RELEASE_PERIOD, RETIRE, START, THREAD, TOPUP,
-                       TURN)
+from .sim_core import (CALLER, CALLER_UNITS, CORE, DEP, END, KNOWN, RELEASE, RELEASE_PERIOD, RETIRE, START, THREAD,
+                       TOPUP, TURN)
 from .sim_core import Simulation
 
 __all__: List[str] = []
 
 ENGINE, CALLER_LABEL = "(hand-offs)", "(caller)"
-_ACTION_NAMES = {START: "start threads", RELEASE_PERIOD: "release period", INLINE: "caller's own tasks",
+_ACTION_NAMES = {START: "start threads", RELEASE_PERIOD: "release period", CALLER_UNITS: "caller's own tasks",
                  RETIRE: "retire", TOPUP: "top up", END: "stop threads"}
 
 

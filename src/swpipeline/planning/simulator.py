@@ -93,7 +93,7 @@ def simulate(plan: PipelinePlan, costs: CostsLike, num_iterations: int = 200, en
                f"the data-flow engine runs a group on the calling thread only with max_depth >= the plan's "
                f"depth ({plan.depth}), got {live}")
         raise ValueError(f"simulate: caller_thread_group={caller_thread_group!r} with engine={engine!r}: {why}")
-    inline = group_index(compiled, run_caller_group(plan, engine, live, caller_thread_group))
+    caller_index = group_index(compiled, run_caller_group(plan, engine, live, caller_thread_group))
     if cores is not None:
         _check_count("cores", cores)
     threads = [task_costs[name].thread_times(num_iterations, jitter) for name in compiled.names]
@@ -101,7 +101,7 @@ def simulate(plan: PipelinePlan, costs: CostsLike, num_iterations: int = 200, en
     if engine == "serial":
         return _serial(compiled, threads, num_iterations, overheads, float(data_seconds))
     sim = Simulation(compiled, threads, devices, num_iterations, engine, live, overheads, float(data_seconds),
-                     inline)
+                     caller_index)
     sim.run(cores)
     return _result(sim, live)
 

@@ -25,22 +25,23 @@ from .compat import import_torchrec as _import_torchrec
 
 _import_torchrec()  # one clear sentence when TorchRec is missing or does not load with this torch
 
-from .feed import RankAgreement as RankAgreement
-from .pipeline import PlannedTrainPipeline as PlannedTrainPipeline
-from .plans import SPECS as PLAN_SPECS
-from .plans import PlanSpec as PlanSpec
-from .staged import StagedPipeline as StagedPipeline
-from .staged import StagedTrainPipeline as StagedTrainPipeline
-from .variants import EvalPipelineFusedSparseDist as EvalPipelineFusedSparseDist
-from .variants import EvalPipelineSparseDist as EvalPipelineSparseDist
-from .variants import PrefetchTrainPipelineSparseDist as PrefetchTrainPipelineSparseDist
-from .variants import TrainPipelineBase as TrainPipelineBase
-from .variants import TrainPipelineFusedSparseDist as TrainPipelineFusedSparseDist
-from .variants import TrainPipelinePT2 as TrainPipelinePT2
-from .variants import TrainPipelineSemiSync as TrainPipelineSemiSync
-from .variants import TrainPipelineSparseDist as TrainPipelineSparseDist
-from .variants import TrainPipelineSparseDistCompAutograd as TrainPipelineSparseDistCompAutograd
-from .variants import TrainPipelineSparseDistLite as TrainPipelineSparseDistLite
+# (E402: the imports below load TorchRec, so they must come after the check above)
+from .feed import RankAgreement as RankAgreement  # noqa: E402
+from .pipeline import PlannedTrainPipeline as PlannedTrainPipeline  # noqa: E402
+from .plans import SPECS as PLAN_SPECS  # noqa: E402
+from .plans import PlanSpec as PlanSpec  # noqa: E402
+from .staged import StagedPipeline as StagedPipeline  # noqa: E402
+from .staged import StagedTrainPipeline as StagedTrainPipeline  # noqa: E402
+from .variants import EvalPipelineFusedSparseDist as EvalPipelineFusedSparseDist  # noqa: E402
+from .variants import EvalPipelineSparseDist as EvalPipelineSparseDist  # noqa: E402
+from .variants import PrefetchTrainPipelineSparseDist as PrefetchTrainPipelineSparseDist  # noqa: E402
+from .variants import TrainPipelineBase as TrainPipelineBase  # noqa: E402
+from .variants import TrainPipelineFusedSparseDist as TrainPipelineFusedSparseDist  # noqa: E402
+from .variants import TrainPipelinePT2 as TrainPipelinePT2  # noqa: E402
+from .variants import TrainPipelineSemiSync as TrainPipelineSemiSync  # noqa: E402
+from .variants import TrainPipelineSparseDist as TrainPipelineSparseDist  # noqa: E402
+from .variants import TrainPipelineSparseDistCompAutograd as TrainPipelineSparseDistCompAutograd  # noqa: E402
+from .variants import TrainPipelineSparseDistLite as TrainPipelineSparseDistLite  # noqa: E402
 
 __all__ = [
     "EvalPipelineFusedSparseDist",

@@ -34,10 +34,11 @@ def mismatch_message(torch_version: str, fbgemm: Optional[str], detail: str) -> 
     """The sentence for a TorchRec that fails to load its native kernels under ``torch_version``."""
     wants = FBGEMM_TORCH.get(_minor(fbgemm)) if fbgemm is not None else None
     if fbgemm is None or wants == _minor(torch_version):
-        return (f"swpipeline.torchrec: TorchRec failed to load its native kernels with torch {torch_version} ({detail}); "
-                f"TorchRec 1.8.0 needs fbgemm-gpu-cpu 1.8.0 and torch 2.13: {INSTALL}")
+        return (f"swpipeline.torchrec: TorchRec failed to load its native kernels with torch {torch_version} "
+                f"({detail}); TorchRec 1.8.0 needs fbgemm-gpu-cpu 1.8.0 and torch 2.13: {INSTALL}")
     built_for = f"torch {wants}" if wants else "another torch release"
-    fix = f"install torch {wants} (pip install 'torch=={wants}.*')" if wants else "install the fbgemm-gpu-cpu release built for it"
+    fix = (f"install torch {wants} (pip install 'torch=={wants}.*')" if wants
+           else "install the fbgemm-gpu-cpu release built for it")
     return (f"swpipeline.torchrec: fbgemm-gpu-cpu {fbgemm} is built for {built_for}, but torch {torch_version} is "
             f"installed, so TorchRec cannot load its kernels ({detail}); {fix}, or: {INSTALL}")
 

@@ -42,7 +42,8 @@ class ModelRuntime:
                  pipeline_postproc: bool = False, custom_model_fwd: Optional[Callable[[Any], Any]] = None,
                  free_features_storage_early: bool = False, roles: Sequence[str] = STREAM_ROLES) -> None:
         if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module (e.g. a DistributedModelParallel), got {type(model).__name__}")
+            raise TypeError(f"model must be a torch.nn.Module (e.g. a DistributedModelParallel), "
+                            f"got {type(model).__name__}")
         if not isinstance(device, torch.device):
             raise TypeError(f"device must be a torch.device, got {device!r}")
         self.model = model
@@ -127,11 +128,12 @@ class ModelRuntime:
         self.original_kjt_dist_forwards = blocks.override_input_dist_forwards(self.pipelined_modules)  # ... then fuses
 
     def _rewrite(self, batch: Any, context: Any, data_dist_role: Optional[str]) -> None:
-        (self.pipelined_modules, self.model, self.original_forwards, self.pipelined_postprocs, _) = blocks.rewrite_model(
+        rewritten = blocks.rewrite_model(
             model=self.model, context=context, dist_stream=self.stream(data_dist_role),
             default_stream=self.default_stream(), batch=batch, apply_jit=self.apply_jit,
             pipelined_forward=self.pipelined_forward, pipeline_postproc=self.pipeline_postproc,
         )
+        (self.pipelined_modules, self.model, self.original_forwards, self.pipelined_postprocs, _) = rewritten
         for module in self.pipelined_modules:
             if not self.on_accelerator:
                 module.forward._device = self.device  # they default to CUDA when they have no stream
@@ -167,7 +169,8 @@ class ModelRuntime:
         if self.pipelined_modules:
             blocks.pipeline_detach_model(
                 model=self.model, pipelined_modules=self.pipelined_modules, original_forwards=self.original_forwards,
-                original_kjt_dist_forwards=self.original_kjt_dist_forwards, pipelined_postprocs=self.pipelined_postprocs,
+                original_kjt_dist_forwards=self.original_kjt_dist_forwards,
+                pipelined_postprocs=self.pipelined_postprocs,
             )
         self.attached = False
         return self.model

@@ -19,9 +19,10 @@ step starts before the next call, so code between calls (an LR scheduler,
 metrics, a checkpoint, detach()/attach()) sees the model exactly as TorchRec
 would leave it; only tasks on other thread groups than ``default`` (batch
 preparation) may still be running. The ``default`` group's tasks then run on the
-calling thread itself (the engine's ``caller_thread_group``), like TorchRec's step. ``lockstep=False`` enqueues the next step
-before returning, so it overlaps whatever the caller does between calls; the
-caller must then not touch the model, the optimizer or the process group.
+calling thread itself (the engine's ``caller_thread_group``), like TorchRec's step.
+``lockstep=False`` enqueues the next step before returning, so it overlaps whatever
+the caller does between calls; the caller must then not touch the model, the
+optimizer or the process group.
 """
 
 from __future__ import annotations

@@ -79,8 +79,8 @@ class PlanSpec:
         """The PipelinePlan: ``fn(name)`` gives each task's function, ``stream(role)`` its TaskSchedule.stream."""
         tasks = {name: PipelineTask(name, fn(name)) for name in self.task_names}
         schedule = {
-            tasks[name]: TaskSchedule(stage=stage, stream=stream(role), thread_group=self.thread_groups.get(name, "default"),
-                                      globally_ordered=ordered)
+            tasks[name]: TaskSchedule(stage=stage, stream=stream(role),
+                                      thread_group=self.thread_groups.get(name, "default"), globally_ordered=ordered)
             for name, stage, role, ordered in self.tasks
         }
         return PipelinePlan(schedule=schedule, intra_iter_deps=[(tasks[t], tasks[d]) for t, d in self.intra],

@@ -145,8 +145,9 @@ def TrainPipelineFusedSparseDist(model: torch.nn.Module, optimizer: Any, device:
     """TorchRec's TrainPipelineFusedSparseDist: the embedding lookup on its own stream, first in the step."""
     spec = _fused_spec(emb_lookup_stream, embedding_lookup_after_data_dist, enqueue_batch_after_forward)
     _use_main_stream_for_dist_init(clear_data_dist_inputs)
-    rt = _runtime(model, optimizer, device, blocks.InSyncEmbeddingPipelinedForward, blocks.EmbeddingTrainPipelineContext,
-                  apply_jit, pipeline_postproc, custom_model_fwd, free_features_storage_early)
+    rt = _runtime(model, optimizer, device, blocks.InSyncEmbeddingPipelinedForward,
+                  blocks.EmbeddingTrainPipelineContext, apply_jit, pipeline_postproc, custom_model_fwd,
+                  free_features_storage_early)
     options = TaskOptions(inplace_copy=enable_inplace_copy_batch, clear_data_dist_inputs=clear_data_dist_inputs)
     return _make(spec, rt, options, execute_all_batches=execute_all_batches, swp=swp)
 
@@ -169,7 +170,8 @@ def TrainPipelineSemiSync(model: torch.nn.Module, optimizer: Any, device: torch.
                           dmp_collection_sync_interval_batches: Optional[int] = 1,
                           enable_inplace_copy_batch: bool = False, free_features_storage_early: bool = False,
                           clear_data_dist_inputs: bool = False, **swp: Any) -> PlannedTrainPipeline:
-    """TorchRec's TrainPipelineSemiSync: from ``start_batch`` on, batch i reads embeddings one update older (depth 4)."""
+    """TorchRec's TrainPipelineSemiSync: from ``start_batch`` on, batch i reads embeddings one update older
+    (depth 4)."""
     _check_2d_sharding(model, dmp_collection_sync_interval_batches)
     _use_main_stream_for_dist_init(clear_data_dist_inputs)
     rt = _runtime(model, optimizer, device, blocks.HostSafeEmbeddingPipelinedForward,
@@ -218,8 +220,9 @@ def EvalPipelineFusedSparseDist(model: torch.nn.Module, optimizer: Any, device: 
     """TorchRec's EvalPipelineFusedSparseDist: Fused's lookup, forward under no_grad, no backward."""
     spec = _eval_fused_spec(emb_lookup_stream, embedding_lookup_after_data_dist, enable_embedding_lookup_prefetch)
     _use_main_stream_for_dist_init(clear_data_dist_inputs)
-    rt = _runtime(model, optimizer, device, blocks.InSyncEmbeddingPipelinedForward, blocks.EmbeddingTrainPipelineContext,
-                  apply_jit, pipeline_postproc, custom_model_fwd, free_features_storage_early)
+    rt = _runtime(model, optimizer, device, blocks.InSyncEmbeddingPipelinedForward,
+                  blocks.EmbeddingTrainPipelineContext, apply_jit, pipeline_postproc, custom_model_fwd,
+                  free_features_storage_early)
     options = TaskOptions(inplace_copy=enable_inplace_copy_batch, clear_data_dist_inputs=clear_data_dist_inputs,
                           forward_no_grad=True)
     return _make(spec, rt, options, execute_all_batches=execute_all_batches, swp=swp)

@@ -1,0 +1,54 @@
+"""What the analysis hands a pipeline for ``check_races=True`` and ``free_early=analyze(plan, batch)``.
+
+The engine never imports the analysis: the pipeline's constructor calls ``engine_hooks``
+and keeps what it returns, which the engine takes as plain values,
+
+* a *task wrapper* (``shortcut.TaskWrapper``): ``RaceChecker.wrap``, which the engine
+  applies to each function it launches without knowing what it does;
+* per task, the context attributes ``free_early`` frees after it (``lifetime.attribute_uses``,
+  given a ``PlanAnalysis`` as the ``ObservedUses`` it found).
+"""
+
+from __future__ import annotations
+
+from typing import FrozenSet, List, NamedTuple, Optional
+
+from ..lifetime import ObservedUses, attribute_uses
+from ..plan import PipelinePlan
+from ..shortcut import TaskWrapper
+from .races import RaceChecker
+from .report import PlanAnalysis
+
+__all__: List[str] = []
+
+
+class EngineHooks(NamedTuple):
+    """What a pipeline takes from the analysis (see the module docstring)."""
+
+    task_wrapper: Optional[TaskWrapper]  # None: launch each function as it is
+    race_checker: Optional[RaceChecker]  # whose wrap is the task wrapper, kept for its warnings
+    free_uses: Optional[List[FrozenSet[str]]]  # per task (plan order), the attributes freed after it; None: off
+
+
+def engine_hooks(plan: PipelinePlan, *, check_races: bool, free_early: object, keep: object) -> EngineHooks:
+    """The task wrapper and the attribute sets for a pipeline's ``check_races=``, ``free_early=`` and ``keep=``.
+
+    Raises:
+        TypeError, ValueError: ``free_early`` or ``keep`` is invalid (``lifetime.attribute_uses``).
+    """
+    checker = RaceChecker(plan) if check_races else None
+    observed = observed_uses(free_early) if isinstance(free_early, PlanAnalysis) else free_early
+    return EngineHooks(None if checker is None else checker.wrap, checker, attribute_uses(plan, observed, keep))
+
+
+def observed_uses(analysis: PlanAnalysis) -> ObservedUses:
+    """Per task of the analysed plan, the context attributes it reads or writes (``ctx.x`` as ``x``)."""
+    return ObservedUses(analysis.plan.task_names,
+                        {task: frozenset(_context_attribute(n) for n in analysis.reads[task] | analysis.writes[task]
+                                         if n.startswith("ctx."))
+                         for task in analysis.plan.task_names})
+
+
+def _context_attribute(name: str) -> str:
+    """``ctx.x`` (or ``ctx.batch['img']``, a write through it) -> ``x`` (``batch``)."""
+    return name[4:].split("[", 1)[0].split(".", 1)[0]

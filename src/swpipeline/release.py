@@ -1,0 +1,211 @@
+"""When a unit may be handed out: each engine's release rule, written once.
+
+A *unit* is one task on one iteration. In period ``p`` the slot of a task at stage ``s``
+works on the iteration that entered the pipeline in period ``p - s`` (the unit's
+*entry*), if one did. Each thread group runs its units in one fixed order, by period
+and then by position in the submission order (``Schedule.walk``). A release rule says
+how far along that order units may be handed out, from which entries are *decided*:
+an iteration entered there, or none ever will (a *gap*)::
+
+    SWPipeline      a unit of period p when p <= the last released period; one more period
+                    is released per tick (fill: depth ticks; each retire: one), and the batch
+                    drawn in a tick enters in its period
+    DataFlow        a unit of entry e when e is decided: batches are drawn while fewer than
+                    max_depth iterations are alive, each entering in the next period
+    both            a unit that takes turns (the sequencer, a shared stream) also needs its
+                    period's turns numbered: p <= the last decided entry, or the data ended
+    caller's group  only inside progress(), and only p <= e + depth - 1, e the oldest live
+                    iteration's entry: its last period
+
+A step without a batch (``progress(None)``, ``drain()``) decides the entries up to the
+next iteration's last period as gaps, on both engines, so that every group's order
+reaches that iteration's units. With no gaps (the paper runs of ``Schedule.check`` and
+the simulator) iteration ``i`` enters in period ``i``.
+
+The engines (``handout.HandOut``), ``Schedule.check`` and the simulator all ask these
+objects, so a rule changes in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Generic, List, Optional, TypeVar
+
+__all__: List[str] = []
+
+T = TypeVar("T")
+ALL = 1 << 62  # "no bound": every period, every entry
+
+
+@dataclass(frozen=True)
+class Released:
+    """How far every thread group's order may be handed out now."""
+
+    through_period: int  # units of periods <= this
+    decided: int  # entries <= this are decided (ALL: the data ended, every entry is)
+
+    def allows(self, period: int, stage: int, takes_turns: bool) -> bool:
+        """Whether the unit of ``period`` at ``stage`` may be handed out (its entry is ``period - stage``)."""
+        return period <= self.through_period and period - stage <= self.decided and \
+            (not takes_turns or period <= self.decided)
+
+
+@dataclass
+class Entries(Generic[T]):
+    """Which iteration entered in which period: what a release rule reads and changes.
+
+    ``T`` is what an engine keeps per iteration (its context; an iteration number on paper).
+    """
+
+    entered: Dict[int, T] = field(default_factory=dict)  # period -> the live iteration that entered in it
+    entry_of: Dict[int, int] = field(default_factory=dict)  # iteration -> the period it entered in (live ones)
+    next_entry: int = 0  # every period before it is decided
+    last_entry: int = -1  # the period the newest iteration entered in
+    ended: bool = False  # the data ended: no iteration enters any more
+
+    def enter(self, iteration: int, item: T) -> None:
+        period = self.next_entry
+        self.entered[period] = item
+        self.entry_of[iteration] = self.last_entry = period
+        self.next_entry = period + 1
+
+    def retire(self, iteration: int) -> None:
+        del self.entered[self.entry_of.pop(iteration)]
+
+    @property
+    def live(self) -> int:
+        return len(self.entered)
+
+    def oldest_entry(self) -> Optional[int]:
+        return min(self.entered) if self.entered else None
+
+    def horizon(self, depth: int) -> int:
+        """The last period any unit can have: every later one is empty for good (ALL: not known yet)."""
+        return self.last_entry + depth - 1 if self.ended else ALL
+
+
+Fetch = Callable[[], Optional[T]]  # draw the next batch's item: None when there is none (now or ever)
+Number = Callable[[], int]  # the iteration number the next batch gets
+
+
+class ReleaseRule:
+    """What both rules share: the fill, the gaps of a step without a batch, and the caller's group's limit."""
+
+    name = ""
+    fill_steps = 1  # how many hand-outs a fill is made of (the clock: one tick per period)
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+
+    @property
+    def allows_caller_group(self) -> bool:
+        """Whether ``run()`` may run a thread group on the caller's thread (see ``caller_through``)."""
+        return True
+
+    def fill(self, entries: Entries[T], fetch: Fetch[T], number: Number) -> None:
+        """Draw the first batches (also after ``progress(None)`` emptied the pipeline)."""
+        for _ in range(self.fill_steps):
+            self.fill_step(entries, fetch, number)
+
+    def fill_step(self, entries: Entries[T], fetch: Fetch[T], number: Number) -> None:
+        """One hand-out of the fill."""
+        raise NotImplementedError
+
+    def after_retire(self, entries: Entries[T], fetch: Optional[Fetch[T]], number: Number) -> None:
+        """The oldest iteration retired (``entries`` has dropped it); draw what comes next (``fetch`` None:
+        a step without a batch)."""
+        raise NotImplementedError
+
+    def released(self, entries: Entries[T]) -> Released:
+        raise NotImplementedError
+
+    def caller_through(self, entries: Entries[T]) -> int:
+        """The last period whose units the caller's group runs in one ``progress()`` call: the oldest live
+        iteration's last (every period released so far when none is live)."""
+        oldest = entries.oldest_entry()
+        return entries.next_entry - 1 if oldest is None else oldest + self.depth - 1
+
+    def _gaps_through_next(self, entries: Entries[T]) -> None:
+        """A step without a batch: decide the entries up to the next live iteration's last period as gaps."""
+        oldest = entries.oldest_entry()
+        if oldest is not None:
+            entries.next_entry = max(entries.next_entry, oldest + self.depth)
+
+    @staticmethod
+    def _draw(entries: Entries[T], fetch: Fetch[T], number: Number) -> bool:
+        iteration = number()
+        item = fetch()
+        if item is None:
+            return False
+        entries.enter(iteration, item)
+        return True
+
+
+class ClockRule(ReleaseRule):
+    """SWPipeline: the period clock. Each tick releases one period and draws the batch entering in it."""
+
+    name = "clock"
+
+    def __init__(self, depth: int) -> None:
+        super().__init__(depth)
+        self.fill_steps = depth
+
+    def fill_step(self, entries: Entries[T], fetch: Fetch[T], number: Number) -> None:
+        if entries.ended:
+            entries.next_entry += 1  # a tick without a batch
+        else:
+            self._tick(entries, fetch, number)
+
+    def after_retire(self, entries: Entries[T], fetch: Optional[Fetch[T]], number: Number) -> None:
+        if fetch is None or entries.ended:
+            entries.next_entry += 1  # a tick without a batch
+        else:
+            self._tick(entries, fetch, number)
+        self._gaps_through_next(entries)
+
+    def _tick(self, entries: Entries[T], fetch: Fetch[T], number: Number) -> None:
+        if not self._draw(entries, fetch, number):
+            entries.ended = True
+            entries.next_entry += 1
+
+    def released(self, entries: Entries[T]) -> Released:
+        last = entries.next_entry - 1  # every released period is decided: its batch entered, or none did
+        return Released(last, last)
+
+
+class DataFlowRule(ReleaseRule):
+    """DataFlowPipeline: no clock. Batches are drawn while fewer than ``max_live`` iterations are alive."""
+
+    name = "dataflow"
+
+    def __init__(self, depth: int, max_live: int) -> None:
+        super().__init__(depth)
+        self.max_live = max_live
+
+    @property
+    def allows_caller_group(self) -> bool:
+        """Only with ``max_live >= depth``: with fewer live iterations a unit of the caller's group could wait
+        for work the caller hands out only after retiring an iteration."""
+        return self.max_live >= self.depth
+
+    def fill_step(self, entries: Entries[T], fetch: Fetch[T], number: Number) -> None:
+        self._top_up(entries, fetch, number)
+
+    def after_retire(self, entries: Entries[T], fetch: Optional[Fetch[T]], number: Number) -> None:
+        if fetch is None:
+            self._gaps_through_next(entries)
+        else:
+            self._top_up(entries, fetch, number)
+
+    def _top_up(self, entries: Entries[T], fetch: Fetch[T], number: Number) -> None:
+        while entries.live < self.max_live and not entries.ended:
+            if not self._draw(entries, fetch, number):
+                entries.ended = True
+
+    def released(self, entries: Entries[T]) -> Released:
+        return Released(ALL, ALL if entries.ended else entries.next_entry - 1)
+
+
+def rule_of(engine: str, depth: int, max_live: int) -> ReleaseRule:
+    """The release rule of an engine by its name in the planning tools: ``"clocked"`` or ``"dataflow"``."""
+    return ClockRule(depth) if engine == "clocked" else DataFlowRule(depth, max_live)
