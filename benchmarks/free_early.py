@@ -30,8 +30,8 @@ import torch
 
 import swpipeline as swp
 from _common import format_table, machine_line
-from swpipeline import demo
-from swpipeline.lifetime import tensors_in
+from swpipeline.cli import demo
+from swpipeline.engine.lifetime import tensors_in
 
 MIB = 1 << 20
 

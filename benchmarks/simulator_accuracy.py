@@ -136,8 +136,8 @@ def compare(case: str, pipe: Pipeline, data: Sequence[Any], repeats: int, overhe
 
 def demo_case(args: argparse.Namespace, overheads: Overheads) -> Tuple[List[Row], List[Row], str]:
     """The demo pipelined and serial; then autoplan's plan of the demo's tasks, predicted and measured."""
-    from swpipeline.demo import DemoConfig, TrainingJob, make_raw_batch
-    from swpipeline.device import resolve_device
+    from swpipeline.cli.demo import DemoConfig, TrainingJob, make_raw_batch
+    from swpipeline.devices.device import resolve_device
 
     cfg = DemoConfig(iters=args.demo_iters)
     previous = torch.get_num_threads()

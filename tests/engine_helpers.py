@@ -171,7 +171,7 @@ def valid_plans(draw: st.DrawFn) -> Dict[str, Any]:
     stages = sorted(draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)))
     spec = {name: (stages[k], draw(st.sampled_from(STREAMS)), draw(st.sampled_from(GROUPS)))
             for k, name in enumerate(names)}
-    # intra deps only from earlier-declared tasks: a DAG with stage(dep) <= stage(task) (Corollary 1)
+    # intra deps only from earlier-declared tasks: a DAG with stage(dep) <= stage(task) (the intra stage rule)
     intra = [(names[b], names[a]) for b in range(n) for a in range(b) if draw(st.booleans()) and draw(st.booleans())]
     inter = [(names[a], names[b]) for a in range(n) for b in range(n)
              if stages[b] - stages[a] <= 1 and draw(st.integers(0, 5)) == 0]

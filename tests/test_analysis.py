@@ -17,8 +17,8 @@ import torch
 import seed_plans
 from swpipeline import DeclaredIO, IterContext, PipelinePlan, PipelineTask, TaskSchedule
 from swpipeline import PlanAnalysis, analyze
-from swpipeline.demo import DemoConfig, TrainingJob, make_raw_batch
-from swpipeline.device import resolve_device
+from swpipeline.cli.demo import DemoConfig, TrainingJob, make_raw_batch
+from swpipeline.devices.device import resolve_device
 
 Fn = Callable[[IterContext], Any]
 Spec = Dict[str, Tuple[int, Optional[str], str, Fn]]  # name -> (stage, stream, thread group, fn)

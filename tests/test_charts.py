@@ -11,7 +11,7 @@ import pytest
 
 from engine_helpers import ExecLog, sparse_dist_plan
 from swpipeline import DataFlowPipeline, EngineOverheads, PipelinePlan, SWPipeline, TaskSchedule, simulate
-from swpipeline.timeline import Timeline
+from swpipeline.observe.timeline import Timeline
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -71,7 +71,7 @@ def test_importing_swpipeline_does_not_import_matplotlib() -> None:
 
 
 def test_iterations_are_drawn_in_forty_distinct_styles_then_repeat() -> None:
-    from swpipeline.charts import iteration_style
+    from swpipeline.observe.charts import iteration_style
 
     styles = [iteration_style(i) for i in range(80)]
     assert len(set(styles[:40])) == 40  # i0 and i10 share a colour but not a hatch
@@ -81,7 +81,7 @@ def test_iterations_are_drawn_in_forty_distinct_styles_then_repeat() -> None:
 
 
 def test_legend_has_one_entry_per_drawn_style_naming_every_iteration_drawn_that_way() -> None:
-    from swpipeline.charts import legend_entries
+    from swpipeline.observe.charts import legend_entries
 
     assert legend_entries(range(12)) == [(i, f"i{i}") for i in range(12)]  # no more cut at ten
     entries = legend_entries(range(3, 130))
@@ -112,7 +112,7 @@ def simulated_timeline(iterations: int, lanes_plan: str = "two",
 
 def test_the_time_axis_starts_at_the_start_of_the_run() -> None:
     pytest.importorskip("matplotlib")
-    from swpipeline.charts import gantt_figure
+    from swpipeline.observe.charts import gantt_figure
 
     timeline = simulated_timeline(12, overheads=EngineOverheads.zero())
     first = min(min(r.ready, r.cpu_start) for r in timeline.records)
@@ -128,7 +128,7 @@ def test_the_time_axis_starts_at_the_start_of_the_run() -> None:
 @pytest.mark.parametrize("iterations, lanes", [(20, "two"), (20, "one"), (45, "one")])
 def test_the_legend_stays_within_the_plot_height_and_the_picture(iterations: int, lanes: str) -> None:
     pytest.importorskip("matplotlib")
-    from swpipeline.charts import gantt_figure
+    from swpipeline.observe.charts import gantt_figure
 
     figure = gantt_figure(simulated_timeline(iterations, lanes))
     ax = figure.axes[0]

@@ -133,7 +133,7 @@ def test_a_file_name_too_long_is_refused_before_training(tmp_path: Path, capsys:
 
 def test_an_output_that_fails_after_training_is_one_line_not_a_traceback(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from swpipeline.timeline import Timeline
+    from swpipeline.observe.timeline import Timeline
 
     def disk_full(self: Timeline, path: object) -> None:
         raise OSError(28, "No space left on device")

@@ -172,7 +172,7 @@ def test_random_valid_plans_run_correctly_on_both_engines(shape: Dict[str, Any],
 def invalid_plans(draw: st.DrawFn) -> Dict[str, Any]:
     shape = draw(valid_plans())
     names = list(shape["spec"])
-    kind = draw(st.sampled_from(["cycle", "corollary1", "corollary3", "self"]))
+    kind = draw(st.sampled_from(["cycle", "intra_stage_rule", "inter_stage_rule", "self"]))
     if kind == "cycle":
         a, b = names[0], names[1]
         shape["intra"] = [p for p in shape["intra"] if p != (b, a)] + [(a, b), (b, a)]
@@ -182,9 +182,9 @@ def invalid_plans(draw: st.DrawFn) -> Dict[str, Any]:
         low, high = names[0], names[-1]
         spec = dict(shape["spec"])
         spec[low] = (0,) + tuple(spec[low][1:])
-        spec[high] = (2 if kind == "corollary3" else 1,) + tuple(spec[high][1:])
+        spec[high] = (2 if kind == "inter_stage_rule" else 1,) + tuple(spec[high][1:])
         shape["spec"] = spec
-        shape["intra" if kind == "corollary1" else "inter"].append((low, high))
+        shape["intra" if kind == "intra_stage_rule" else "inter"].append((low, high))
     shape["kind"] = kind
     return shape
 

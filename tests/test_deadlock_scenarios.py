@@ -17,8 +17,8 @@ import pytest
 from engine_helpers import ExecLog, check_dependencies, make_plan, swp_threads
 from swpipeline import SequencerTimeoutError, SWPipeline
 from swpipeline.errors import PipelineAborted
-from swpipeline.ordering import period_local_edges
-from swpipeline.signals import Turns
+from swpipeline.plan.ordering import period_local_edges
+from swpipeline.engine.signals import Turns
 
 
 # Plans here put several thread groups on one stream on purpose (the turns are what is tested).

@@ -1,4 +1,4 @@
-"""Tests of ``swpipeline demo`` (src/swpipeline/demo/): the command, its plan, its data and its check.
+"""Tests of ``swpipeline demo`` (src/swpipeline/cli/demo/): the command, its plan, its data and its check.
 
 Wall-clock times and speedups are printed by the demo, never asserted here.
 """
@@ -14,9 +14,10 @@ from typing import List, Optional
 import pytest
 import torch
 
-from swpipeline import CPUDevice, Device, SimulatedDevice, demo
+from swpipeline import CPUDevice, Device, SimulatedDevice
+from swpipeline.cli import demo
 from swpipeline.cli import main
-from swpipeline.demo import command as demo_command
+from swpipeline.cli.demo import command as demo_command
 
 # Small enough that every test runs in well under a second.
 TINY = replace(demo.DemoConfig(), iters=6, batch_size=32, warmup_iters=2, table_sizes=(50, 30, 20),

@@ -14,7 +14,8 @@ import torch
 from engine_helpers import (ExecLog, FakeStream, check_dependencies, drive, make_plan, sparse_dist_plan, swp_threads,
                             wait_until)
 from swpipeline import (CPUDevice, DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, SimulatedDevice,
-                        SWPipeline, TaskSchedule, ordering)
+                        SWPipeline, TaskSchedule)
+from swpipeline.plan import ordering
 from swpipeline.errors import DependencyTimeoutError, ProgressTimeoutError
 
 
@@ -235,7 +236,7 @@ def test_tasks_on_one_stream_never_overlap_on_cpu() -> None:
 
 
 def test_device_resolution(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("swpipeline.device.machine_accelerator", lambda: None)  # a machine without one
+    monkeypatch.setattr("swpipeline.devices.device.machine_accelerator", lambda: None)  # a machine without one
     plan = sparse_dist_plan(ExecLog())
     assert isinstance(SWPipeline(plan).device, CPUDevice)
     with caplog.at_level(logging.WARNING, logger="swpipeline"):
@@ -289,7 +290,7 @@ def test_ranges_are_annotated_only_when_a_profiler_records(monkeypatch: pytest.M
 
 
 def test_emit_nvtx_is_ignored_without_cuda(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("swpipeline.annotations.nvtx_available", lambda: False)
+    monkeypatch.setattr("swpipeline.devices.annotations.nvtx_available", lambda: False)
     log = ExecLog()
     plan = sparse_dist_plan(log)
     pipe = SWPipeline(plan, device="cpu")
@@ -303,10 +304,10 @@ def test_emit_nvtx_opens_a_range_per_unit_where_cuda_is(caplog: pytest.LogCaptur
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     # With CUDA present NVTX marks the host timeline whatever device the pipeline computes on.
     pushed: List[str] = []
-    monkeypatch.setattr("swpipeline.annotations.nvtx_available", lambda: True)
-    monkeypatch.setattr("swpipeline.annotations._range_push", pushed.append)
-    monkeypatch.setattr("swpipeline.annotations._range_pop", lambda: pushed.append("pop"))
-    monkeypatch.setattr("swpipeline.annotations.emit_nvtx_context", contextlib.nullcontext)  # autograd's ranges
+    monkeypatch.setattr("swpipeline.devices.annotations.nvtx_available", lambda: True)
+    monkeypatch.setattr("swpipeline.devices.annotations._range_push", pushed.append)
+    monkeypatch.setattr("swpipeline.devices.annotations._range_pop", lambda: pushed.append("pop"))
+    monkeypatch.setattr("swpipeline.devices.annotations.emit_nvtx_context", contextlib.nullcontext)  # autograd's ranges
     a = PipelineTask("A", lambda ctx: None)
     pipe = SWPipeline(PipelinePlan({a: TaskSchedule(thread_group="w")}), device="cpu")
     with caplog.at_level(logging.WARNING, logger="swpipeline"):
@@ -529,12 +530,12 @@ def test_repr_shows_the_device_asked_for_and_the_one_used_when_they_differ(engin
         return SWPipeline(plan, **kwargs) if engine == "SWPipeline" else DataFlowPipeline(plan, max_depth=3,
                                                                                           **kwargs)
 
-    monkeypatch.setattr("swpipeline.device.machine_accelerator", lambda: None)  # a machine without one
+    monkeypatch.setattr("swpipeline.devices.device.machine_accelerator", lambda: None)  # a machine without one
     assert repr(make(device=0)).startswith(f"{engine}(device=0 (cpu), ")  # the documented fall-back, shown
     assert repr(make(device="cpu")).startswith(f"{engine}(device=cpu, ")
     assert repr(make(device=torch.device("cpu"))).startswith(f"{engine}(device=cpu, ")
     assert repr(make()).startswith(f"{engine}(device=cpu, ")  # nothing asked: the one used
-    monkeypatch.setattr("swpipeline.base.resolve_device", lambda spec: FakeAccelerator())
+    monkeypatch.setattr("swpipeline.engine.pipeline.resolve_device", lambda spec: FakeAccelerator())
     assert repr(make(device=0)).startswith(f"{engine}(device=0, ")  # asked and used are the same
     assert repr(make(device="cuda:0")).startswith(f"{engine}(device=cuda:0, ")
 

@@ -150,7 +150,7 @@ def test_tensors_handed_to_another_stream_are_kept_alive_for_it(engine: str) -> 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_without_keep_alive_the_model_reports_the_reuse(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # The control: the same run with the engine's keep-alive switched off is a use-after-reuse on a GPU.
-    monkeypatch.setattr("swpipeline.executor.keep_written", lambda *args: None)
+    monkeypatch.setattr("swpipeline.engine.executor.keep_written", lambda *args: None)
     device = SimulatedDevice(behind_host=True)
     make(engine, copy_then_forward({}), device).run([torch.arange(4.0) + i for i in range(3)])
     reused = [h for h in device.hazards if h.startswith("use after reuse: a storage allocated by H2D(i")]
@@ -221,7 +221,7 @@ def test_without_the_batch_event_the_model_reports_the_unordered_read(engine: st
     def draw_without_event(self: Any, data_iter: Iterator[Any], idx: int) -> Any:
         return self.device.fetch(self.device.caller_stream(), data_iter, idx)
 
-    monkeypatch.setattr("swpipeline.run.Run._fetch_on_device", draw_without_event)
+    monkeypatch.setattr("swpipeline.engine.run.Run._fetch_on_device", draw_without_event)
     device = SimulatedDevice(behind_host=True)
     make(engine, prep_on_a_side_stream({}), device).run(batches_made_while_drawn(4))
     assert device.hazards == [
@@ -392,7 +392,7 @@ def test_torch_device_named_streams_get_their_priority(fake_accelerator: None) -
 
 
 def test_devices_refuse_what_they_cannot_be(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("swpipeline.device.machine_accelerator", lambda: None)  # whatever this machine has
+    monkeypatch.setattr("swpipeline.devices.device.machine_accelerator", lambda: None)  # whatever this machine has
     with pytest.raises(ValueError, match=r"TorchDevice\('cpu'\): this machine's accelerator is absent; a "
                                          r"TorchDevice drives an accelerator \(for the CPU, pass device=\"cpu\" or "
                                          r"CPUDevice\(\)\)"):

@@ -17,8 +17,8 @@ import seed_plans
 from swpipeline import DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
 from swpipeline import analyze, infer_deps
 from swpipeline.analysis.report import reduce_edges
-from swpipeline.demo import DemoConfig, TrainingJob, make_raw_batch
-from swpipeline.device import resolve_device
+from swpipeline.cli.demo import DemoConfig, TrainingJob, make_raw_batch
+from swpipeline.devices.device import resolve_device
 from test_analysis import SEED_BATCH, SeedJob
 
 Names = List[Tuple[str, str]]

@@ -22,7 +22,7 @@ import torch
 
 from engine_helpers import ExecLog, MakePipe, check_dependencies, drive, make_plan, swp_threads, wait_until
 from swpipeline import DependencyTimeoutError, IterContext, PipelinePlan, ProgressTimeoutError, SWPipeline
-from swpipeline.worker import Worker
+from swpipeline.engine.worker import Worker
 
 
 def two_group_plan(log: ExecLog, work: Optional[Dict[str, Callable[[IterContext], None]]] = None) -> PipelinePlan:

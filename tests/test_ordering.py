@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swpipeline import PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
-from swpipeline import ordering
+from swpipeline.plan import ordering
 
 import seed_plans
 
@@ -159,14 +159,31 @@ def schedule_rows(plan: PipelinePlan) -> List[str]:
     return [row.task for row in SWPipeline(plan, device="cpu")._schedule.rows]
 
 
+def stage_descending_order(plan: PipelinePlan) -> List[str]:
+    """The simpler order the submission order refines (the one the specification's tables show): stages high to
+    low and, inside a stage, by the longest chain of same-stage dependencies reaching a task, then by name."""
+    order: List[str] = []
+    for stage in sorted({plan.stage(n) for n in plan.task_names}, reverse=True):
+        names = [n for n in plan.task_names if plan.stage(n) == stage]
+        level: Dict[str, int] = {}
+
+        def depth_of(name: str) -> int:
+            if name not in level:
+                level[name] = max((depth_of(d) + 1 for d in plan.intra[name] if d in names), default=0)
+            return level[name]
+
+        order += sorted(names, key=lambda n: (depth_of(n), n))
+    return order
+
+
 def test_sparse_dist_stage_descending_order() -> None:
     plan = seed_plans.sparse_dist_worked_example()
-    assert ordering.stage_descending_order(plan) == SPARSE_DIST_STAGE_DESCENDING
+    assert stage_descending_order(plan) == SPARSE_DIST_STAGE_DESCENDING
     assert schedule_rows(plan) == SPARSE_DIST_STAGE_DESCENDING
 
 
 def test_semi_sync_stage_descending_order_is_the_seeds() -> None:
-    assert ordering.stage_descending_order(seed_plans.semi_sync()) == [
+    assert stage_descending_order(seed_plans.semi_sync()) == [
         "ZeroGrad", "Forward", "Backward", "EmbBackward", "OptimizerStep", "EmbLookup", "InputDistStart",
         "InputDistWait", "H2D"]
 
@@ -188,7 +205,7 @@ def test_fused_sparse_dist_enqueue_order() -> None:
 
 # -- the P/Q/R/A example --------------------------------------------------------------------------
 #
-# Seed 000 writes R(stage 0) with intra_iter_deps=[Q(stage 1)], which breaks Corollary 1;
+# Seed 000 writes R(stage 0) with intra_iter_deps=[Q(stage 1)], which breaks the intra stage rule;
 # its text then treats that edge as excluded. Two consistent readings:
 #   * the library's: R(i) needs Q(i-1) (inter_iter_deps, k = 1, a cross-stream wait like A's);
 #   * the seed's outcome: R has no same-period dependency.
@@ -199,7 +216,7 @@ def pqra(r_intra: Sequence[Edge] = (), r_inter: Sequence[Edge] = ()) -> Pipeline
                      intra=[("Q", "P"), *r_intra], inter=[("A", "Q"), *r_inter])
 
 
-def test_pqra_literal_seed_plan_breaks_corollary_1() -> None:
+def test_pqra_literal_seed_plan_breaks_the_intra_stage_rule() -> None:
     with pytest.raises(ValueError, match=r"'R' \(stage 0\) depends on 'Q' \(stage 1\).*would wait for it forever"):
         SWPipeline(pqra(r_intra=[("R", "Q")]), device="cpu")
 
@@ -213,7 +230,7 @@ def test_pqra_library_reading_r_waits_for_q_of_the_previous_iteration() -> None:
     # On stream X, P is submitted before R: it does not idle behind R's wait for Q.
     assert order.index("P") < order.index("R")
     # Stage-descending submits Q (stage 1) first, delaying P, which does not need Q.
-    descending = ordering.stage_descending_order(plan)
+    descending = stage_descending_order(plan)
     assert descending[0] == "Q"
     assert descending == ["Q", "A", "P", "R"]  # ties inside a stage by name
     assert descending.index("Q") < descending.index("P")
@@ -225,7 +242,7 @@ def test_pqra_seed_reading_gives_p_q_r_a(r_intra: Sequence[Edge]) -> None:
     assert ordering.stall_costs(plan, stream_labels(plan)) == {"P": 0, "Q": 0, "R": 0, "A": 1}
     assert SWPipeline(plan, device="cpu").enqueue_order == ["P", "Q", "R", "A"]
     assert ordering.enqueue_order(plan, stream_labels(plan)) == ["P", "Q", "R", "A"]
-    assert ordering.stage_descending_order(plan)[0] == "Q"
+    assert stage_descending_order(plan)[0] == "Q"
 
 
 def test_lower_stall_cost_goes_first_among_ready_tasks() -> None:
@@ -327,9 +344,9 @@ def random_plans(draw: st.DrawFn) -> PlanSpec:
     for task in names:
         for dep in names:
             if task != dep and rank[dep] < rank[task] and stages[dep] <= stages[task] and draw(st.booleans()):
-                intra.append((task, dep))  # Corollary 1, and acyclic
+                intra.append((task, dep))  # the intra stage rule, and acyclic
             if stages[dep] - stages[task] <= 1 and draw(st.integers(0, 3)) == 0:
-                inter.append((task, dep))  # Corollary 3 (k <= 1), self-dependencies included
+                inter.append((task, dep))  # the inter stage rule (k <= 1), self-dependencies included
     streams = {name: draw(st.sampled_from(STREAMS)) for name in names}
     groups = {name: draw(st.sampled_from(GROUPS)) for name in names}
     return PlanSpec(list(names), stages, intra, inter, streams, groups)
@@ -397,7 +414,7 @@ def reference_enqueue_order(spec: PlanSpec) -> List[str]:
 @given(random_plans(), st.integers(0, 2**32 - 1))
 def test_enqueue_order_of_random_valid_plans(spec: PlanSpec, seed: int) -> None:
     plan = plan_from(spec)
-    pipe = SWPipeline(plan, device="cpu")  # valid by construction (Corollaries 1 and 3)
+    pipe = SWPipeline(plan, device="cpu")  # valid by construction (the stage rules)
     order = pipe.enqueue_order
 
     # Every task exactly once.

@@ -1,4 +1,4 @@
-"""The plan model: data classes, PipelinePlan validation, and the engine's stage rules (Corollaries 1 and 3)."""
+"""The plan model: data classes, PipelinePlan validation, and the engine's stage rules."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swpipeline import DeclaredIO, IterContext, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
-from swpipeline.plan import NamedOnlyTask
+from swpipeline.plan.model import NamedOnlyTask
 
 import seed_plans
 
@@ -452,7 +452,7 @@ def test_cycle_detection_matches_a_reference(case: Tuple[int, Set[Tuple[int, int
 # -- SWPipeline: the engine's stage rules --------------------------------------------------------
 
 
-def test_corollary_1_intra_dependency_on_a_later_stage_is_rejected() -> None:
+def test_intra_stage_rule_a_dependency_on_a_later_stage_is_rejected() -> None:
     plan = PipelinePlan({"H2D": S0, "Forward": S0, "Optim": S2},
                         intra_iter_deps=[("Forward", "H2D"), ("Forward", "Optim")])
     msg = ("intra_iter_deps: 'Forward' (stage 0) depends on 'Optim' (stage 2); a dependency's stage must be "
@@ -462,7 +462,7 @@ def test_corollary_1_intra_dependency_on_a_later_stage_is_rejected() -> None:
     assert "use inter_iter_deps if 'Forward' needs iteration i-1" in str(info.value)
 
 
-def test_corollary_3_scenario_3_fwd_waiting_for_opt_two_stages_later_is_rejected() -> None:
+def test_inter_stage_rule_fwd_waiting_for_opt_two_stages_later_is_rejected() -> None:
     # Seed 000, deadlock scenario 3: fwd(s=0), bwd(s=1), opt(s=2), fwd.inter_iter_deps=[opt] -> k=2.
     plan = PipelinePlan({"fwd": S0, "bwd": S1, "opt": S2}, intra_iter_deps=[("bwd", "fwd"), ("opt", "bwd")],
                         inter_iter_deps=[("fwd", "opt")])
@@ -474,9 +474,9 @@ def test_corollary_3_scenario_3_fwd_waiting_for_opt_two_stages_later_is_rejected
 
 
 @pytest.mark.parametrize("fwd, bwd, opt, depth", [
-    (0, 0, 0, 1),  # mode A: k = 0
-    (0, 0, 1, 2),  # mode B: k = 1
-    (0, 1, 1, 2),  # mode C: k = 1
+    (0, 0, 0, 1),  # placement A: k = 0
+    (0, 0, 1, 2),  # placement B: k = 1
+    (0, 1, 1, 2),  # placement C: k = 1
 ])
 def test_seed_fwd_bwd_opt_arrangements_with_inter_deps_are_accepted(fwd: int, bwd: int, opt: int,
                                                                      depth: int) -> None:
@@ -501,7 +501,7 @@ def test_inter_deps_with_k_at_most_1_are_accepted(task_stage: int, dep_stage: in
     SWPipeline(plan, device="cpu")
 
 
-def test_corollary_3_gap_larger_than_two_is_rejected_too() -> None:
+def test_inter_stage_rule_gap_larger_than_two_is_rejected_too() -> None:
     plan = PipelinePlan({"T": S0, "D": TaskSchedule(stage=3)}, inter_iter_deps=[("T", "D")])
     with pytest.raises(ValueError, match=r"'T' \(stage 0\) depends on 'D' \(stage 3\).*gap is 3 > 1"):
         SWPipeline(plan, device="cpu")

@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from engine_helpers import ExecLog, sparse_dist_plan
 from swpipeline import DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
-from swpipeline.annotations import profiler_active
+from swpipeline.devices.annotations import profiler_active
 
 
 # Plans here put several thread groups on one stream on purpose (the turns are what is tested).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from typing import List
 
-from swpipeline.progress_line import ProgressLine
+from swpipeline.observe.progress_line import ProgressLine
 
 
 class FakeClock:

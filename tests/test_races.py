@@ -248,7 +248,7 @@ def test_random_valid_plans_run_without_a_report_on_both_engines(shape: Dict[str
 
 
 def test_a_shortcut_task_is_checked_when_it_caches_and_when_it_replays() -> None:
-    from swpipeline.shortcut import ShortcutTable
+    from swpipeline.shortcut.replay import ShortcutTable
 
     for intra, raises in (([("B", "A")], False), ([], True)):
         plan = plan_of({"A": (0, "s1", "a", write_x), "B": (0, "s2", "b", read_x)}, intra=intra)

@@ -18,7 +18,7 @@ import torch
 
 from swpipeline import DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, RaceError, SWPipeline, TaskSchedule
 from swpipeline import analyze, infer_deps
-from swpipeline.recording import Journal as _Journal, RecordingView as _RecordingView
+from swpipeline.shortcut.recording import Journal as _Journal, RecordingView as _RecordingView
 
 
 class Uses:

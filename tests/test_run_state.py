@@ -10,7 +10,7 @@ import pytest
 
 from engine_helpers import swp_threads
 from swpipeline import DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
-from swpipeline.run import ABANDONED, FAILED, FINISHED, HELD, RUNNING, Run
+from swpipeline.engine.run import ABANDONED, FAILED, FINISHED, HELD, RUNNING, Run
 
 
 def two_groups(work_a, work_b):  # type: ignore[no-untyped-def]

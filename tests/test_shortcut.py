@@ -12,8 +12,8 @@ import torch
 from engine_helpers import ExecLog, sparse_dist_plan
 from swpipeline import (DataFlowPipeline, DeclaredIO, IterContext, PipelinePlan, PipelineTask, SWPipeline,
                         TaskSchedule)
-from swpipeline.signals import Turns
-from swpipeline.snapshot import cache_val, restore_val
+from swpipeline.engine.signals import Turns
+from swpipeline.shortcut.snapshot import cache_val, restore_val
 
 
 # Plans here put several thread groups on one stream on purpose (the turns are what is tested).

@@ -19,7 +19,7 @@ from typing import Any, Callable, List, Tuple
 import pytest
 
 from swpipeline.errors import DependencyTimeoutError, PipelineAborted
-from swpipeline.signals import CompletionBoard
+from swpipeline.engine.signals import CompletionBoard
 
 BOUND = 10.0  # seconds a forced step may take on a busy machine before the test fails (never reached when it passes)
 NEVER = 600.0  # the waits' own timeout: a waiter back within BOUND was woken, it did not time out

@@ -13,12 +13,12 @@ from engine_helpers import ExecLog, make_plan, valid_plans
 from swpipeline import DataFlowPipeline, PipelinePlan, SWPipeline, TaskSchedule
 from swpipeline.planning.costs import TaskCost, TaskCosts
 from swpipeline.planning.overheads import EngineOverheads
-from swpipeline.ordering import last_stage_group
-from swpipeline.profiler import ProfileResult
-from swpipeline.records import DependencyWait, TaskRecord
+from swpipeline.plan.ordering import last_stage_group
+from swpipeline.planning.profiler import ProfileResult
+from swpipeline.observe.records import DependencyWait, TaskRecord
 from swpipeline.planning.sim_result import SimResult
 from swpipeline.planning.simulator import simulate
-from swpipeline.timeline import Timeline
+from swpipeline.observe.timeline import Timeline
 
 
 # Plans here put several thread groups on one stream on purpose (the turns are what is tested).

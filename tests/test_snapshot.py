@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from swpipeline import IterContext, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
-from swpipeline.snapshot import cache_val, restore_val
+from swpipeline.shortcut.snapshot import cache_val, restore_val
 
 GRAD_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128]
 

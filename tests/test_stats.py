@@ -12,7 +12,7 @@ import pytest
 
 from engine_helpers import ExecLog, sparse_dist_plan
 from swpipeline import DataFlowPipeline, DependencyWait, RunStats, SWPipeline, TaskRecord, Timeline
-from swpipeline.stats import busy_time, percentile, summarize
+from swpipeline.observe.stats import busy_time, percentile, summarize
 
 
 def traced(engine: str) -> Timeline:

@@ -11,7 +11,7 @@ import pytest
 
 from engine_helpers import FakeStream
 from swpipeline import PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
-from swpipeline.tables import format_period_table
+from swpipeline.observe.tables import format_period_table
 
 import seed_plans
 

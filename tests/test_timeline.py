@@ -17,7 +17,7 @@ import pytest
 from engine_helpers import ExecLog, drive, make_plan, sparse_dist_plan, swp_threads, wait_until
 from swpipeline import (CPUDevice, DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, SWPipeline,
                         TaskRecord, TaskSchedule, Timeline)
-from swpipeline.timeline import Recorder
+from swpipeline.observe.timeline import Recorder
 
 
 # Plans here put several thread groups on one stream on purpose (the turns are what is tested).

@@ -8,22 +8,22 @@ from .analysis.races import RaceChecker as RaceChecker
 from .analysis.races import RaceError as RaceError
 from .analysis.report import PlanAnalysis as PlanAnalysis
 from .analysis.report import analyze as analyze
-from .clocked import SWPipeline as SWPipeline
-from .dataflow import DataFlowPipeline as DataFlowPipeline
-from .device import CPUDevice as CPUDevice
-from .device import Device as Device
-from .device import TorchDevice as TorchDevice
+from .engine.clocked import SWPipeline as SWPipeline
+from .engine.dataflow import DataFlowPipeline as DataFlowPipeline
+from .devices.device import CPUDevice as CPUDevice
+from .devices.device import Device as Device
+from .devices.device import TorchDevice as TorchDevice
 from .errors import DependencyTimeoutError as DependencyTimeoutError
 from .errors import PipelineTimeoutError as PipelineTimeoutError
 from .errors import ProgressTimeoutError as ProgressTimeoutError
 from .errors import SequencerTimeoutError as SequencerTimeoutError
 from .errors import SharedStreamWarning as SharedStreamWarning
-from .plan import DeclaredIO as DeclaredIO
-from .plan import FreedAttributeError as FreedAttributeError
-from .plan import IterContext as IterContext
-from .plan import PipelinePlan as PipelinePlan
-from .plan import PipelineTask as PipelineTask
-from .plan import TaskSchedule as TaskSchedule
+from .plan.model import DeclaredIO as DeclaredIO
+from .plan.model import FreedAttributeError as FreedAttributeError
+from .plan.model import IterContext as IterContext
+from .plan.model import PipelinePlan as PipelinePlan
+from .plan.model import PipelineTask as PipelineTask
+from .plan.model import TaskSchedule as TaskSchedule
 from .planning.autoplan import autoplan as autoplan
 from .planning.autoplan import search_plan as search_plan
 from .planning.calibrate import calibrate as calibrate
@@ -35,17 +35,17 @@ from .planning.sim_path import PathStep as PathStep
 from .planning.sim_result import SimResult as SimResult
 from .planning.sim_result import SimUnit as SimUnit
 from .planning.simulator import simulate as simulate
-from .profiler import ProfileResult as ProfileResult
-from .profiler import TaskProfiler as TaskProfiler
-from .simulated import SimulatedDevice as SimulatedDevice
-from .stats import RunStats as RunStats
-from .stats import TaskStats as TaskStats
-from .records import DependencyWait as DependencyWait
-from .records import TaskRecord as TaskRecord
-from .rng import task_generator as task_generator
-from .timeline import Timeline as Timeline
+from .planning.profiler import ProfileResult as ProfileResult
+from .planning.profiler import TaskProfiler as TaskProfiler
+from .devices.simulated import SimulatedDevice as SimulatedDevice
+from .observe.stats import RunStats as RunStats
+from .observe.stats import TaskStats as TaskStats
+from .observe.records import DependencyWait as DependencyWait
+from .observe.records import TaskRecord as TaskRecord
+from .plan.rng import task_generator as task_generator
+from .observe.timeline import Timeline as Timeline
 
-__version__ = "0.1.0"
+from .version import __version__ as __version__
 
 __all__ = [
     "EngineOverheads",

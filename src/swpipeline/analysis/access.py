@@ -48,8 +48,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..plan import DeclaredIO, IterContext, PipelineTask
-from ..recording import Journal, RecordingView
+from ..plan.model import DeclaredIO, IterContext, PipelineTask
+from ..shortcut.recording import Journal, RecordingView
 from .generators import GeneratorKey, drawn_from, draws_nothing, generator_name, named_generators
 from .inplace import WATCHED, ValueWatch
 from .naming import MAX_DEPTH, describe, find_roots, named_slots, storage_key, walk_tensors

@@ -24,8 +24,8 @@ import torch
 from .access import DELETE, MUTATE, READ, WRITE, DrawObserver
 from .generators import GeneratorKey
 from .inplace import WATCHED, ValueWatch
-from ..plan import IterContext
-from ..recording import JOURNAL_SLOT, Journal, RecordingView
+from ..plan.model import IterContext
+from ..shortcut.recording import JOURNAL_SLOT, Journal, RecordingView
 
 __all__: List[str] = []
 

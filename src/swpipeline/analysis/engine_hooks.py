@@ -1,7 +1,8 @@
 """What the analysis hands a pipeline for ``check_races=True`` and ``free_early=analyze(plan, batch)``.
 
-The engine never imports the analysis: the pipeline's constructor calls ``engine_hooks``
-and keeps what it returns, which the engine takes as plain values,
+The engine never imports the analysis: this module registers ``engine_hooks`` with the
+engine's ``engine.hooks`` when it is imported, and the pipeline's constructor calls it
+there and keeps what it returns, which the engine takes as plain values,
 
 * a *task wrapper* (``shortcut.TaskWrapper``): ``RaceChecker.wrap``, which the engine
   applies to each function it launches without knowing what it does;
@@ -11,23 +12,16 @@ and keeps what it returns, which the engine takes as plain values,
 
 from __future__ import annotations
 
-from typing import FrozenSet, List, NamedTuple, Optional
+from typing import List
 
-from ..lifetime import ObservedUses, attribute_uses
-from ..plan import PipelinePlan
-from ..shortcut import TaskWrapper
+from ..engine import hooks
+from ..engine.hooks import EngineHooks
+from ..engine.lifetime import ObservedUses, attribute_uses
+from ..plan.model import PipelinePlan
 from .races import RaceChecker
 from .report import PlanAnalysis
 
 __all__: List[str] = []
-
-
-class EngineHooks(NamedTuple):
-    """What a pipeline takes from the analysis (see the module docstring)."""
-
-    task_wrapper: Optional[TaskWrapper]  # None: launch each function as it is
-    race_checker: Optional[RaceChecker]  # whose wrap is the task wrapper, kept for its warnings
-    free_uses: Optional[List[FrozenSet[str]]]  # per task (plan order), the attributes freed after it; None: off
 
 
 def engine_hooks(plan: PipelinePlan, *, check_races: bool, free_early: object, keep: object) -> EngineHooks:
@@ -52,3 +46,6 @@ def observed_uses(analysis: PlanAnalysis) -> ObservedUses:
 def _context_attribute(name: str) -> str:
     """``ctx.x`` (or ``ctx.batch['img']``, a write through it) -> ``x`` (``batch``)."""
     return name[4:].split("[", 1)[0].split(".", 1)[0]
+
+
+hooks.provide(engine_hooks)

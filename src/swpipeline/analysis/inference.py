@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from .report import Edge, check_recording_args, conflict_text, record_iteration, reduce_edges, required_orderings
-from ..plan import PipelineTask, TaskSchedule
+from ..plan.model import PipelineTask, TaskSchedule
 from .races import stage_fix
 
 __all__: List[str] = []

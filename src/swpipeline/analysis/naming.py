@@ -16,7 +16,7 @@ from typing import Any, Deque, Dict, Iterable, Iterator, List, Mapping, Optional
 
 import torch
 
-from ..plan import IterContext
+from ..plan.model import IterContext
 
 __all__: List[str] = []
 

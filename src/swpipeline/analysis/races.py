@@ -43,12 +43,12 @@ import weakref
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
 
-from .. import ordering
+from ..plan import ordering
 from .access import DELETE, DRAW, MUTATE, READ, pop, push
 from .checked_call import EVERY, Access, CheckedJournal, CheckedView, Log, Unit, new_view, set_journal
 from .generators import GeneratorKey, generator_name, named_generators
 from .naming import find_roots
-from ..plan import IterContext, PipelinePlan, PipelineTask
+from ..plan.model import IterContext, PipelinePlan, PipelineTask
 
 __all__: List[str] = []
 

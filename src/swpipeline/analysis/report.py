@@ -28,10 +28,10 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from .. import ordering
+from ..plan import ordering
 from .access import DRAW, READ, READ_ALL, IterationAccess, StateRecorder, TaskAccess, recording_view
 from ..errors import annotate, stop_iteration_error
-from ..plan import IterContext, NamedOnlyTask, PipelinePlan, PipelineTask
+from ..plan.model import IterContext, NamedOnlyTask, PipelinePlan, PipelineTask
 from .races import HappensBefore, Placement, conflict_clause, dependency_fix, draw_hint
 
 __all__: List[str] = []

@@ -24,6 +24,8 @@ ordinary ``nn.EmbeddingBag`` and ``torch.optim.SGD``/``Adagrad`` on the whole ta
 docs/embcache.md shows the plan and how it relates to the system it is modelled on.
 """
 
+# May import: the engine and everything below it (an application of the engine).
+
 from .directory import SwapPlan as SwapPlan
 from .pipeline import EmbCacheTrainPipeline as EmbCacheTrainPipeline
 from .stats import EmbCacheStats as EmbCacheStats

@@ -31,10 +31,10 @@ from typing import Any, Callable, ContextManager, Dict, Iterable, Iterator, List
 
 import torch
 
-from ..clocked import SWPipeline
-from ..dataflow import DataFlowPipeline
+from ..engine.clocked import SWPipeline
+from ..engine.dataflow import DataFlowPipeline
 from ..errors import add_note
-from ..timeline import Timeline
+from ..observe.timeline import Timeline
 from .input_dist import ReplicatedInputDist
 from .stages import build_plan, stage_labels
 from .stats import EmbCacheStats, RunRecorder

@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from ..plan import IterContext, PipelinePlan, PipelineTask, TaskSchedule
+from ..plan.model import IterContext, PipelinePlan, PipelineTask, TaskSchedule
 
 __all__: List[str] = []
 

@@ -30,7 +30,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from .directory import SwapPlan
-from ..tables import text_table as _table
+from ..observe.tables import text_table as _table
 
 __all__: List[str] = []
 

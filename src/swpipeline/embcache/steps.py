@@ -42,7 +42,7 @@ import threading
 from typing import Callable, List
 
 from ..errors import PipelineAborted
-from ..worker import held_interrupts
+from ..engine.worker import held_interrupts
 
 __all__: List[str] = []
 

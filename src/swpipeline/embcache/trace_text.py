@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..records import TaskRecord, TimelineData
+from ..observe.records import TaskRecord, TimelineData
 from .stages import stage_labels
 
 __all__: List[str] = []

@@ -11,6 +11,8 @@ The constructor and behaviour follow torchgpipe's ``GPipe`` (balance, devices,
 chunks, checkpoint modes); docs/gpipe.md shows the plans and what differs.
 """
 
+# May import: the engine and everything below it (an application of the engine).
+
 from __future__ import annotations
 
 from typing import List

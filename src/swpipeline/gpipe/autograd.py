@@ -26,7 +26,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .. import SWPipeline
+from ..engine.clocked import SWPipeline
 from .cells import GradSum, MiniBatch
 from .microbatch import gather, split_like
 

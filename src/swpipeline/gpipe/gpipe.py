@@ -29,7 +29,8 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Union
 import torch
 from torch import nn
 
-from .. import CPUDevice, Device, SWPipeline, TorchDevice
+from ..devices.device import CPUDevice, Device, TorchDevice
+from ..engine.clocked import SWPipeline
 from .autograd import BackwardPass, gathered
 from .cells import MicroBatch, MiniBatch
 from .checkpoint import checkpoint_stop

@@ -20,7 +20,7 @@ from typing import Iterable, List, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from ..device import machine_accelerator
+from ..devices.device import machine_accelerator
 
 __all__: List[str] = []
 

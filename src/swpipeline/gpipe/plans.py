@@ -36,7 +36,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Callable, Dict, List, Optional, Tuple
 
-from .. import IterContext, PipelinePlan, PipelineTask, TaskSchedule
+from ..plan.model import IterContext, PipelinePlan, PipelineTask, TaskSchedule
 from .cells import backward_cell, copy_cell, copy_grad_cell, forward_cell, recompute_cell
 from .streams import compute_stream, copy_stream
 

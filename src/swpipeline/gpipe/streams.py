@@ -25,7 +25,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .. import Device
+from ..devices.device import Device
 
 __all__: List[str] = []
 

@@ -12,6 +12,8 @@
 * ``trace_read.py`` and ``cli_plan.py``: ``swpipeline plan TRACE.json``.
 
 The public names are exported by the ``swpipeline`` package.
+
+May import: the analysis, the engine and everything below it.
 """
 
 from typing import List

@@ -22,7 +22,7 @@ from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Unio
 
 from .costs import TaskCosts
 from .overheads import EngineOverheads
-from ..plan import PipelinePlan, PipelineTask
+from ..plan.model import PipelinePlan, PipelineTask
 from ..analysis.report import PlanAnalysis
 from .kept_orders import Order, analysis_orders, as_dependencies, coerce_orders, orders_dropped
 from .plan_search import Scorer, Space, count_candidates, exhaustive, local, starting_points, valid_stages

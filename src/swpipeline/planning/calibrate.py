@@ -23,7 +23,7 @@ import time
 from typing import List, Sequence, Tuple
 
 from .overheads import EngineOverheads
-from ..plan import IterContext, PipelinePlan, PipelineTask, TaskSchedule
+from ..plan.model import IterContext, PipelinePlan, PipelineTask, TaskSchedule
 
 __all__: List[str] = []
 
@@ -59,7 +59,7 @@ def calibrate(iterations: int = 300) -> EngineOverheads:
     Raises:
         ValueError: ``iterations`` below 20.
     """
-    from ..clocked import SWPipeline
+    from ..engine.clocked import SWPipeline
 
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 20:
         raise ValueError(f"calibrate: iterations must be an int >= 20, got {iterations!r}")
@@ -86,7 +86,7 @@ def calibrate(iterations: int = 300) -> EngineOverheads:
 
 def _run_once(plan: PipelinePlan, repeats: int = 9) -> float:
     """The median wall time of ``run()`` on a single batch (threads started and stopped each time)."""
-    from ..clocked import SWPipeline
+    from ..engine.clocked import SWPipeline
 
     pipe = SWPipeline(plan, device="cpu")
     pipe.run(range(1))

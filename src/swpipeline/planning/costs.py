@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 if TYPE_CHECKING:
-    from ..profiler import ProfileResult
-    from ..records import TimelineData
+    from .profiler import ProfileResult
+    from ..observe.records import TimelineData
 
 __all__: List[str] = []
 
@@ -171,7 +171,7 @@ class TaskCosts(Mapping[str, TaskCost]):
             TypeError: ``timeline`` is not a Timeline.
             ValueError: ``skip_first`` is negative, or nothing is left to measure.
         """
-        from ..records import TimelineData
+        from ..observe.records import TimelineData
 
         if not isinstance(timeline, TimelineData):
             raise TypeError(f"from_timeline: expected a Timeline (pipe.timeline after run(data, trace=True)), got "
@@ -200,7 +200,7 @@ class TaskCosts(Mapping[str, TaskCost]):
     def from_profile(cls, result: "ProfileResult") -> "TaskCosts":
         """Costs from ``TaskProfiler.profile``: each task's exposed time (what a serial iteration saves
         without it), for the tasks it measured."""
-        from ..profiler import ProfileResult
+        from .profiler import ProfileResult
 
         if not isinstance(result, ProfileResult):
             raise TypeError(f"from_profile: expected a ProfileResult (TaskProfiler(pipe).profile(batch)), got "

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from ..analysis.races import HappensBefore, Placement
-from ..plan import PipelinePlan
+from ..plan.model import PipelinePlan
 
 __all__: List[str] = []
 

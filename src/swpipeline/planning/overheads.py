@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Dict, List, Optional, Set
 
 if TYPE_CHECKING:
-    from ..records import TimelineData
+    from ..observe.records import TimelineData
 
 __all__: List[str] = []
 

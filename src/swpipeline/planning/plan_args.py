@@ -7,7 +7,7 @@ from typing import Any, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .costs import TaskCosts
 from .overheads import EngineOverheads
-from ..plan import NamedOnlyTask, PipelinePlan, PipelineTask, TaskSchedule
+from ..plan.model import NamedOnlyTask, PipelinePlan, PipelineTask, TaskSchedule
 from .plan_search import Space
 from .plan_space import TaskGraph
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
-from ..plan import PipelinePlan
+from ..plan.model import PipelinePlan
 from .sim_result import SimResult
-from ..tables import text_table as _table
+from ..observe.tables import text_table as _table
 
 __all__: List[str] = []
 

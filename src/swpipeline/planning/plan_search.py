@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .overheads import EngineOverheads
-from ..plan import PipelinePlan, PipelineTask, TaskSchedule
+from ..plan.model import PipelinePlan, PipelineTask, TaskSchedule
 from .plan_space import Bounds, Candidate, TaskGraph, normalized, partitions, stage_vectors
 from .sim_core import Simulation
 from .sim_model import compile_plan, run_caller_group

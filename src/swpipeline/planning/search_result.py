@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from ..plan import PipelinePlan
+from ..plan.model import PipelinePlan
 from .plan_report import format_comparison, format_plan
 from .sim_result import SimResult
 

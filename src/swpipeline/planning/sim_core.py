@@ -41,7 +41,7 @@ from __future__ import annotations
 import heapq
 from typing import List, Optional, Sequence, Tuple
 
-from ..release import Entries, rule_of
+from ..engine.release import Entries, rule_of
 from .overheads import EngineOverheads
 from .sim_model import CompiledPlan, unit_sequences
 

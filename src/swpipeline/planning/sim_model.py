@@ -20,12 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from .. import ordering
-from ..device import CPUDevice
-from ..plan import PipelinePlan
-from ..runtime import build_tasks
-from ..release import ALL, Released, rule_of
-from ..schedule import Schedule
+from ..plan import ordering
+from ..devices.device import CPUDevice
+from ..plan.model import PipelinePlan
+from ..engine.runtime import build_tasks
+from ..engine.release import ALL, Released, rule_of
+from ..engine.schedule import Schedule
 
 __all__: List[str] = []
 

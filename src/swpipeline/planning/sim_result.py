@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Seque
 from .sim_path import PathStep, path_shares
 
 if TYPE_CHECKING:
-    from ..records import DependencyWait
-    from ..timeline import Timeline
+    from ..observe.records import DependencyWait
+    from ..observe.timeline import Timeline
 
 __all__: List[str] = []
 
@@ -147,8 +147,8 @@ class SimResult:
 
         Each record lists, as a traced run does, the dependencies its unit had to wait for.
         """
-        from ..records import TaskRecord
-        from ..timeline import Timeline
+        from ..observe.records import TaskRecord
+        from ..observe.timeline import Timeline
 
         records = tuple(TaskRecord(task=u.task, iteration=u.iteration, thread_group=u.thread_group, stream=u.stream,
                                    stage=u.stage, period=u.period if self.engine == "clocked" else None,
@@ -161,7 +161,7 @@ class SimResult:
 
     def _waits(self, unit: SimUnit) -> Tuple["DependencyWait", ...]:
         """The dependencies still running when ``unit`` was picked up, as a traced run records them."""
-        from ..records import DependencyWait
+        from ..observe.records import DependencyWait
 
         a, n = self.arrays, len(self.arrays.tasks)
         task, it = a.tasks.index(unit.task), unit.iteration

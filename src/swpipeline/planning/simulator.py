@@ -24,7 +24,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple, Union
 
 from .costs import TaskCosts
 from .overheads import EngineOverheads
-from ..plan import PipelinePlan
+from ..plan.model import PipelinePlan
 from .sim_core import Simulation
 from .sim_model import CompiledPlan, caller_group_allowed, compile_plan, group_index, run_caller_group
 from .sim_path import PathStep, critical_path
@@ -132,7 +132,7 @@ def _max_live(compiled: CompiledPlan, engine: str, max_depth: Optional[int]) -> 
         return compiled.depth
     _check_count("max_depth", max_depth)
     if max_depth < compiled.depth:  # the engine's own check, with its own message
-        from ..dataflow import DataFlowPipeline
+        from ..engine.dataflow import DataFlowPipeline
 
         DataFlowPipeline(compiled.plan, max_depth=max_depth, device="cpu")
     return max_depth

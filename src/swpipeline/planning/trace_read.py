@@ -21,10 +21,10 @@ import math
 import os
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from ..plan import PipelinePlan, TaskSchedule
-from ..records import DependencyWait, TaskRecord
-from ..timeline import Timeline
-from ..trace_export import STREAMS_PID, THREADS_PID
+from ..plan.model import PipelinePlan, TaskSchedule
+from ..observe.records import DependencyWait, TaskRecord
+from ..observe.timeline import Timeline
+from ..observe.trace_export import STREAMS_PID, THREADS_PID
 
 __all__: List[str] = []
 

@@ -19,6 +19,8 @@ docs/torchrec.md describes each variant's plan, the options, and what differs
 from TorchRec.
 """
 
+# May import: the engine and everything below it (an application of the engine).
+
 from __future__ import annotations
 
 from .compat import import_torchrec as _import_torchrec

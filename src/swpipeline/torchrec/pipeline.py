@@ -32,9 +32,9 @@ from typing import Any, Callable, Iterator, List, Optional
 
 import torch
 
-from ..plan import IterContext, PipelinePlan
+from ..plan.model import IterContext, PipelinePlan
 from .feed import BatchFeed, RankAgreement
-from ..clocked import SWPipeline
+from ..engine.clocked import SWPipeline
 from .model_state import ModelRuntime
 from .tasks import batch_of
 

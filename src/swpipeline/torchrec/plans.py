@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-from ..plan import IterContext, PipelinePlan, PipelineTask, TaskSchedule
+from ..plan.model import IterContext, PipelinePlan, PipelineTask, TaskSchedule
 
 __all__: List[str] = []
 

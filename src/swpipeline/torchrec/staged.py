@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import torch
 
-from ..plan import IterContext, PipelinePlan, PipelineTask, TaskSchedule
+from ..plan.model import IterContext, PipelinePlan, PipelineTask, TaskSchedule
 from .pipeline import PlannedTrainPipeline
 
 __all__: List[str] = []

@@ -36,7 +36,7 @@ import torch
 from . import blocks
 from .compiled import CompiledAutograd, PT2Compile
 from .model_state import ModelRuntime
-from ..plan import IterContext
+from ..plan.model import IterContext
 
 __all__: List[str] = []
 

@@ -1,0 +1,156 @@
+"""One unit of work: the two-phase protocol, written once.
+
+A unit (``schedule.Unit``: its period, its slot, the iteration's context) runs on its
+thread group's worker, as the run's task of that slot::
+
+    if it reads the batch first:        # no producer in its iteration, on a device with events
+        device.wait(stream, batch_event)  #   only if the caller drew the batch on another stream
+    for dep in deps:                    # intra: iteration i; inter: iteration i-1
+        wait(dep, it)                   # phase 1: CPU signal (returns at once if done)
+        device.wait(stream, event)      # phase 2: only if dep ran on another stream
+    launch(task, ctx)                   # fn(ctx) with the task's stream current, in its turns:
+                                        #   on its stream, if several thread groups share it;
+                                        #   in the sequencer, if it is globally ordered
+    keep_alive(written, consumers)      # tensors it left on ctx, for readers on other streams
+                                        #   (devices that track memory only, see lifetime.py)
+    free(task, ctx)                     # free_early: attributes no other task uses any more
+    device.record(event, stream)        # only if a consumer is on another stream
+    board.complete(task, i)             # sets the CPU signal
+
+A traced run wraps this same function (``traced``): it times the phase-1 waits
+through the ``wait`` it passes in and the task body through the recorder's shadow
+task; nothing of the protocol is repeated, and an untraced run takes no recording
+branch anywhere.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..devices.annotations import run_annotated
+from ..devices.device import Device
+from .lifetime import keep_written
+from ..plan.model import IterContext
+from .runtime import BoundTask
+from .schedule import Work
+
+if TYPE_CHECKING:
+    from .signals import CompletionBoard
+    from ..observe.timeline import Recorder
+
+__all__: List[str] = []
+
+RunUnit = Callable[[Work], None]
+
+
+Launch = Callable[[BoundTask, IterContext], None]
+
+
+def make_launches(device: Device, labels: Dict[int, str], nvtx: bool) -> Tuple[Launch, Launch]:
+    """How to run a task's function on its stream: ``(plain, annotated)``.
+
+    ``annotated`` wraps each call in a ``SWP/{label}/iter{N}`` range (a torch profiler
+    range, and an NVTX range when ``nvtx``); ``plain`` is the same as ``annotated``
+    when ``nvtx``, and otherwise calls the function directly where the device needs
+    nothing around it (the CPU: a thread group already runs its lane's units one at a
+    time, and the turns of a lane shared by several groups make them exclusive).
+    """
+
+    def annotated(task: BoundTask, ctx: IterContext) -> None:
+        fn = partial(run_annotated, f"SWP/{labels[task.index]}/iter{ctx.iter_idx}", task.exec_fn, nvtx=nvtx)
+        device.launch(task.stream, fn, ctx, task.name)
+
+    if nvtx:
+        return annotated, annotated
+    if device.launches_directly:
+        def plain(task: BoundTask, ctx: IterContext) -> None:
+            task.exec_fn(ctx)
+    else:
+        def plain(task: BoundTask, ctx: IterContext) -> None:
+            device.launch(task.stream, task.exec_fn, ctx, task.name)
+    return plain, annotated
+
+
+def make_unit_runner(board: "CompletionBoard", device: Device, launch: Launch, tasks: Sequence[BoundTask],
+                     event_slots: int, signal_timeout: float, wait: Optional[Callable[..., None]] = None,
+                     free: Optional[Callable[[int, IterContext], None]] = None,
+                     batch_events: Sequence[Any] = (), batch_streams: Sequence[Any] = ()) -> RunUnit:
+    """The unit executor of one run (see the module docstring); ``tasks[slot.index]`` is a unit's task.
+
+    ``batch_events[i % event_slots]`` is recorded on stream ``batch_streams[i % event_slots]``
+    after the caller drew iteration ``i``'s batch (``Run.fetch``), a stream of None meaning
+    that no task needs to wait for it.
+    """
+    done = board.done
+    complete = board.complete
+    wait_task = wait or board.wait_task
+    slots, timeout = event_slots, signal_timeout
+
+    def in_turns(task: BoundTask, ctx: IterContext, i: int) -> None:
+        key, call = (task.index, i), partial(launch, task, ctx)
+        if task.turns is not None:
+            call = partial(task.turns.run_in_turn, key, call, timeout, task.name, i)
+        if task.stream_turns is not None:
+            task.stream_turns.run_in_turn(key, call, timeout, task.name, i)
+        else:
+            call()
+
+    def launch_and_more(task: BoundTask, ctx: IterContext, i: int) -> None:
+        """Launch in turns if it takes them; then keep-alive, early frees, its event (each only if needed)."""
+        keep = task.keep_for
+        if keep:
+            before = dict(vars(ctx))
+        if task.turns is None and task.stream_turns is None:
+            launch(task, ctx)
+        else:
+            in_turns(task, ctx, i)
+        if keep:
+            keep_written(device, vars(ctx), before, keep)
+        if free is not None:
+            free(task.index, ctx)
+        if task.events is not None:
+            device.record(task.events[i % slots], task.stream)
+
+    def run_unit(unit: Work) -> None:
+        _, slot, ctx = unit
+        task = tasks[slot.index]
+        i = ctx.iter_idx
+        stream = task.stream
+        if task.waits_batch:
+            drawn_on = batch_streams[i % slots]
+            if drawn_on is not None and drawn_on != stream:
+                device.wait(stream, batch_events[i % slots])
+        for dep, dep_events in task.intra:
+            if done[dep] <= i:
+                wait_task(dep, i, timeout, task.name, i)
+            if dep_events is not None:
+                device.wait(stream, dep_events[i % slots])
+        if i > 0:
+            for dep, dep_events in task.inter:
+                if done[dep] < i:
+                    wait_task(dep, i - 1, timeout, task.name, i)
+                if dep_events is not None:
+                    device.wait(stream, dep_events[(i - 1) % slots])
+        if task.plain and free is None:
+            launch(task, ctx)
+        else:
+            launch_and_more(task, ctx, i)
+        complete(task.index, i)
+
+    return run_unit
+
+
+def traced(run_unit: RunUnit, recorder: "Recorder", clocked: bool) -> RunUnit:
+    """``run_unit`` (made with the recorder's shadow tasks, ``recorder.runtimes``) that records every unit it
+    runs, with its period when the periods are a clock's (``clocked``); the unit executor itself is unchanged."""
+    begin, add = recorder.begin, recorder.add
+
+    def run_traced(unit: Work) -> None:
+        period, slot, ctx = unit
+        begin(slot.index)
+        run_unit(unit)
+        add(slot.index, ctx.iter_idx, period if clocked else None)
+
+    return run_traced
+

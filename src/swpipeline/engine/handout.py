@@ -1,0 +1,151 @@
+"""Handing out work: each thread group's units, drawn batches and the release rule, for one run.
+
+Both engines use this one policy; they differ only in their release rule
+(``release.ClockRule``, ``release.DataFlowRule``). Per run it keeps which iteration
+entered in which period (``release.Entries``) and, per thread group, how far along the
+group's order (``Schedule.walk``) it has handed out::
+
+    fill / resume     rule.fill: draw the first batches          then hand out
+    progress()        [the caller's group runs its units up to rule.caller_through]
+                      retire the oldest; rule.after_retire: draw   then hand out
+    hand out          number the turns of the newly decided periods, then walk every
+                      group's order as far as rule.released() allows and put what it
+                      passes on the group's queue (the caller's group: one item per
+                      period, so that a progress() call can stop at a period)
+
+Why it cannot deadlock (both engines): order all units by (period, position in the
+submission order). Every wait of a unit (a dependency, a turn, its group's FIFO) is on
+a unit earlier in that order (the stage rules make it so), and the earliest unfinished
+unit is always handed out: for the clock its period is released before anyone waits on
+its iteration; for the data-flow engine, with ``max_depth >= depth`` its iteration has
+a context, and a smaller ``max_depth`` is accepted only if ``Schedule.check`` runs the
+plan to the end with it. The caller's group runs in each call only up to the oldest
+iteration's last period, and everything such a unit waits for is handed out already.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+from ..plan.model import IterContext
+from .release import Entries, ReleaseRule
+from .schedule import Position, Schedule, Slot
+
+__all__: List[str] = []
+
+_yield_gil = functools.partial(time.sleep, 0)  # let a worker just handed work take the GIL now
+
+
+class HandOut:
+    """One run's hand-out of work (see the module docstring)."""
+
+    def __init__(self, run: Any, schedule: Schedule, rule: ReleaseRule, yield_after_hand_out: bool = False) -> None:
+        self.run, self.schedule, self.rule = run, schedule, rule
+        self.entries: Entries[IterContext] = Entries()
+        self.positions: Dict[str, Position] = {group: (0, 0) for group in schedule.lanes}
+        self.numbered = 0  # periods whose turn-taking units are numbered
+        self.caller_group: Optional[str] = None  # known at fill
+        self.ran_through = -1  # the last period whose units the caller's group has run (see caller_through)
+        self.yield_after_hand_out = yield_after_hand_out  # see fill
+        self._puts: List[Tuple[str, Callable[..., None]]] = []
+
+    # -- what the engine calls -----------------------------------------------------------------------
+
+    def fill(self, data_iter: Iterator[Any]) -> None:
+        run = self.run
+        self.caller_group = run.caller.group if run.caller is not None else None
+        self._puts = [(group, run.workers[group].put) for group in self.schedule.lanes]
+        # With several worker threads, one just handed work may be the bottleneck: let it take the GIL at
+        # once instead of after whatever the caller does next. Not when a group runs on the caller's thread:
+        # the caller's next job is then that group's units, and yielding would put the workers' first.
+        self.yield_after_hand_out = self.yield_after_hand_out and run.caller is None and \
+            sum(w.thread is not None for w in run.workers.values()) > 1
+        self.resume(data_iter)
+
+    def resume(self, data_iter: Iterator[Any]) -> None:
+        """Draw as the fill does (also after ``progress(None)`` emptied the pipeline), then hand out."""
+        self.rule.fill(self.entries, functools.partial(self.run.fetch, data_iter), self._number)
+        self._hand_out()
+
+    def after_retire(self, oldest: int, data_iter: Optional[Iterator[Any]]) -> None:
+        self.entries.retire(oldest)
+        fetch = None if data_iter is None else functools.partial(self.run.fetch, data_iter)
+        self.rule.after_retire(self.entries, fetch, self._number)
+        self._hand_out()
+
+    def caller_through(self) -> int:
+        """The last period whose units of the caller's group this ``progress()`` call runs."""
+        self.ran_through = self.rule.caller_through(self.entries)
+        return self.ran_through
+
+    def boundary(self) -> Dict[int, int]:
+        """What runs, if nothing more is handed out, of the units handed out (``Schedule.settle``): every one
+        that does not wait, directly or through others, on a unit not handed out."""
+        retired = self.run.next_retire
+        entered = {period: ctx for period, ctx in self.entries.entered.items() if ctx.iter_idx >= retired}
+        if not entered:
+            return {}
+        first = min(entered)
+        queues: Dict[str, List[Tuple[int, Slot]]] = {}
+        for group, slots in self.schedule.lanes.items():
+            end = self.positions[group]
+            if group == self.caller_group:  # it runs only inside progress(): what it ran is done, the rest waits
+                end = min(end, (self.ran_through + 1, 0))
+            queue = queues[group] = []
+            for period in range(first, end[0] + 1):
+                for k, slot in enumerate(slots):
+                    if (period, k) >= end:
+                        break
+                    ctx = entered.get(period - slot.stage)
+                    if ctx is not None:
+                        queue.append((ctx.iter_idx, slot))
+        turn_orders: Dict[object, List[Tuple[int, int]]] = {}
+        for period in range(first, self.numbered):
+            for slot in self.schedule.turn_slots:
+                ctx = entered.get(period - slot.stage)
+                if ctx is not None:
+                    for line in self.schedule.turn_lines(slot):
+                        turn_orders.setdefault(line, []).append((slot.index, ctx.iter_idx))
+        return self.schedule.settle(queues, turn_orders, retired)
+
+    def let_go(self) -> None:
+        """The run stopped: drop the contexts still entered (they hold the caller's batches)."""
+        self.entries.entered.clear()
+
+    # -- handing out -----------------------------------------------------------------------------------
+
+    def _number(self) -> int:
+        return int(self.run.num_created)
+
+    def _hand_out(self) -> None:
+        entries, schedule, run = self.entries, self.schedule, self.run
+        released = self.rule.released(entries)
+        horizon = entries.horizon(schedule.depth)
+        if schedule.turn_slots:
+            through = min(released.decided, released.through_period, horizon)
+            entered = entries.entered
+            while self.numbered <= through:
+                schedule.assign_turns(self.numbered, lambda entry: _iteration(entered.get(entry)), run.tasks)
+                self.numbered += 1
+        modes, walk, positions, caller = run.modes, schedule.walk, self.positions, self.caller_group
+        for group, put in self._puts:
+            units, positions[group] = walk(group, positions[group], entries.entered, released, horizon)
+            if not units:
+                continue
+            if group != caller:
+                put(units, modes)
+                continue
+            start = 0  # the caller's group: one queue item per period (see CallerWorker.run_queued)
+            for k in range(1, len(units) + 1):
+                if k == len(units) or units[k].period != units[start].period:
+                    put(units[start:k], modes, units[start].period)
+                    start = k
+        if self.yield_after_hand_out:
+            _yield_gil()
+
+
+def _iteration(ctx: Optional[IterContext]) -> Optional[int]:
+    return None if ctx is None else ctx.iter_idx
+
