@@ -334,17 +334,16 @@ class Schedule:
         return (("sequencer",) if slot.ordered else ()) + ((("stream", slot.stream_key),) if slot.shares_stream else ())
 
     def describe(self, num_periods: int) -> str:
-        """The first periods as text, one line per period: each thread group's units in order (``walk``)."""
+        """The first periods as text, one line per period: each thread group's units in its order (``walk``)."""
         entered = {i: i for i in range(num_periods)}
         released = Released(num_periods - 1, ALL)
-        periods: Dict[int, List[Tuple[int, str, str]]] = {p: [] for p in range(num_periods)}
+        periods: Dict[int, Dict[str, List[Unit[int]]]] = {p: {} for p in range(num_periods)}
         for group in self.lanes:
             for unit in self.walk(group, (0, 0), entered, released)[0]:
-                periods[unit.period].append((unit.slot.position, group, f"{unit.slot.task}(i{unit.item})"))
+                periods[unit.period].setdefault(group, []).append(unit)
         lines = []
-        for period, units in periods.items():
-            per_group: Dict[str, List[str]] = {}
-            for _, group, text in sorted(units):
-                per_group.setdefault(group, []).append(text)
-            lines.append(f"P{period}: " + "  ".join(f"{g}[{' '.join(u)}]" for g, u in per_group.items()))
+        for period, groups in periods.items():
+            shown = sorted(groups.items(), key=lambda g: min(u.slot.position for u in g[1]))  # as submitted
+            lines.append(f"P{period}: " + "  ".join(
+                f"{g}[{' '.join(f'{u.slot.task}(i{u.item})' for u in units)}]" for g, units in shown))
         return "\n".join(lines)
