@@ -4,7 +4,8 @@ The layers, lowest first (each folder's ``__init__`` says what it may import)::
 
     errors.py, scoped.py, version.py  leaves: import nothing of the package
     plan/                             the plan model, its orderings, a task's own random generator
-    devices/  observe/  shortcut/     streams and events; what a run leaves to look at; task shortcut
+    devices/  observe/  shortcut/     streams and events; what a run leaves to look at; task shortcut;
+    training/                         weight versions, used inside tasks (a peer of the three above)
     engine/                           running a plan: the schedule, the release rules, threads, the pipelines
     analysis/                         checking a plan against what its tasks touch
     planning/                         plans from measured costs
@@ -26,8 +27,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "swpipeline"
-LAYERS: List[Tuple[str, ...]] = [("errors", "scoped", "version"), ("plan",), ("devices", "observe", "shortcut"),
-                                 ("engine",), ("analysis",), ("planning",), ("torchrec", "gpipe", "embcache"), ("cli",)]
+LAYERS: List[Tuple[str, ...]] = [("errors", "scoped", "version"), ("plan",),
+                                 ("devices", "observe", "shortcut", "training"), ("engine",), ("analysis",), ("planning",), ("torchrec", "gpipe", "embcache"), ("cli",)]
 LAYER_OF: Dict[str, int] = {part: k for k, parts in enumerate(LAYERS) for part in parts}
 
 

@@ -47,7 +47,8 @@ class Occupancy(Protocol):
 
 def unit_text(unit: "Work") -> str:
     """A unit in words: ``task 'Forward' (iteration 3)``."""
-    return f"task {unit.slot.task!r} (iteration {unit.item.iter_idx})"
+    _, slot, ctx = unit
+    return f"task {slot.task!r} (iteration {ctx.iter_idx})"
 
 
 class DriverSeat:

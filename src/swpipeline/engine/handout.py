@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..plan.model import IterContext
-from .release import Entries, ReleaseRule
+from .release import ALL, Entries, ReleaseRule
 from .schedule import Position, Schedule, Slot
+
+if TYPE_CHECKING:
+    from .run import Run
 
 __all__: List[str] = []
 
@@ -41,7 +44,7 @@ _yield_gil = functools.partial(time.sleep, 0)  # let a worker just handed work t
 class HandOut:
     """One run's hand-out of work (see the module docstring)."""
 
-    def __init__(self, run: Any, schedule: Schedule, rule: ReleaseRule, yield_after_hand_out: bool = False) -> None:
+    def __init__(self, run: "Run", schedule: Schedule, rule: ReleaseRule, yield_after_hand_out: bool = False) -> None:
         self.run, self.schedule, self.rule = run, schedule, rule
         self.entries: Entries[IterContext] = Entries()
         self.positions: Dict[str, Position] = {group: (0, 0) for group in schedule.lanes}
@@ -50,6 +53,7 @@ class HandOut:
         self.ran_through = -1  # the last period whose units the caller's group has run (see caller_through)
         self.yield_after_hand_out = yield_after_hand_out  # see fill
         self._puts: List[Tuple[str, Callable[..., None]]] = []
+        self._fetch: Optional["functools.partial[Optional[IterContext]]"] = None  # see _fetch_from
 
     # -- what the engine calls -----------------------------------------------------------------------
 
@@ -66,14 +70,20 @@ class HandOut:
 
     def resume(self, data_iter: Iterator[Any]) -> None:
         """Draw as the fill does (also after ``progress(None)`` emptied the pipeline), then hand out."""
-        self.rule.fill(self.entries, functools.partial(self.run.fetch, data_iter), self._number)
+        self.rule.fill(self.entries, self._fetch_from(data_iter))
         self._hand_out()
 
     def after_retire(self, oldest: int, data_iter: Optional[Iterator[Any]]) -> None:
         self.entries.retire(oldest)
-        fetch = None if data_iter is None else functools.partial(self.run.fetch, data_iter)
-        self.rule.after_retire(self.entries, fetch, self._number)
+        self.rule.after_retire(self.entries, None if data_iter is None else self._fetch_from(data_iter))
         self._hand_out()
+
+    def _fetch_from(self, data_iter: Iterator[Any]) -> Callable[[], Optional[IterContext]]:
+        """``run.fetch`` bound to ``data_iter`` (made once per data iterator)."""
+        fetch = self._fetch
+        if fetch is None or fetch.args[0] is not data_iter:
+            fetch = self._fetch = functools.partial(self.run.fetch, data_iter)
+        return fetch
 
     def caller_through(self) -> int:
         """The last period whose units of the caller's group this ``progress()`` call runs."""
@@ -111,39 +121,45 @@ class HandOut:
         return self.schedule.settle(queues, turn_orders, retired)
 
     def let_go(self) -> None:
-        """The run stopped: drop the contexts still entered (they hold the caller's batches)."""
+        """The run stopped: drop the contexts still entered (they hold the caller's batches) and the data
+        iterator."""
         self.entries.entered.clear()
+        self._fetch = None
 
     # -- handing out -----------------------------------------------------------------------------------
 
-    def _number(self) -> int:
-        return int(self.run.num_created)
-
     def _hand_out(self) -> None:
-        entries, schedule, run = self.entries, self.schedule, self.run
+        entries, schedule = self.entries, self.schedule
         released = self.rule.released(entries)
-        horizon = entries.horizon(schedule.depth)
+        horizon = entries.last_entry + schedule.depth - 1 if entries.ended else ALL  # (Entries.horizon)
         if schedule.turn_slots:
-            through = min(released.decided, released.through_period, horizon)
-            entered = entries.entered
-            while self.numbered <= through:
-                schedule.assign_turns(self.numbered, lambda entry: _iteration(entered.get(entry)), run.tasks)
-                self.numbered += 1
-        modes, walk, positions, caller = run.modes, schedule.walk, self.positions, self.caller_group
-        for group, put in self._puts:
-            units, positions[group] = walk(group, positions[group], entries.entered, released, horizon)
+            self._number_turns(min(released.decided, released.through_period, horizon))
+        modes, caller = self.run.modes, self.caller_group
+        for (group, put), units in zip(self._puts, schedule.walk_all(self.positions, entries.entered, released,
+                                                                      horizon)):
             if not units:
                 continue
             if group != caller:
                 put(units, modes)
                 continue
-            start = 0  # the caller's group: one queue item per period (see CallerWorker.run_queued)
+            first = units[0][0]  # the caller's group: one queue item per period (see CallerWorker.run_queued)
+            if units[-1][0] == first:  # (the clock hands out one period at a time)
+                put(units, modes, first)
+                continue
+            start = 0
             for k in range(1, len(units) + 1):
-                if k == len(units) or units[k].period != units[start].period:
-                    put(units[start:k], modes, units[start].period)
+                if k == len(units) or units[k][0] != units[start][0]:  # (period, slot, context)
+                    put(units[start:k], modes, units[start][0])
                     start = k
         if self.yield_after_hand_out:
             _yield_gil()
+
+    def _number_turns(self, through: int) -> None:
+        """Number the turn-taking units of every period up to ``through`` not numbered yet."""
+        entered, schedule, tasks = self.entries.entered, self.schedule, self.run.tasks
+        while self.numbered <= through:
+            schedule.assign_turns(self.numbered, lambda entry: _iteration(entered.get(entry)), tasks)
+            self.numbered += 1
 
 
 def _iteration(ctx: Optional[IterContext]) -> Optional[int]:

@@ -28,8 +28,9 @@ objects, so a rule changes in one place.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Generic, List, Optional, TypeVar
+from typing import Callable, Dict, Generic, List, NamedTuple, Optional, Tuple, TypeVar
 
 __all__: List[str] = []
 
@@ -37,8 +38,7 @@ T = TypeVar("T")
 ALL = 1 << 62  # "no bound": every period, every entry
 
 
-@dataclass(frozen=True)
-class Released:
+class Released(NamedTuple):
     """How far every thread group's order may be handed out now."""
 
     through_period: int  # units of periods <= this
@@ -48,6 +48,9 @@ class Released:
         """Whether the unit of ``period`` at ``stage`` may be handed out (its entry is ``period - stage``)."""
         return period <= self.through_period and period - stage <= self.decided and \
             (not takes_turns or period <= self.decided)
+
+
+_released: Callable[[Tuple[int, int]], Released] = functools.partial(tuple.__new__, Released)  # fast Released(...)
 
 
 @dataclass
@@ -62,12 +65,14 @@ class Entries(Generic[T]):
     next_entry: int = 0  # every period before it is decided
     last_entry: int = -1  # the period the newest iteration entered in
     ended: bool = False  # the data ended: no iteration enters any more
+    drawn: int = 0  # iterations drawn so far: the next one is numbered so
 
-    def enter(self, iteration: int, item: T) -> None:
+    def enter(self, item: T) -> None:
+        """The next iteration (numbered ``drawn``) enters in the next period."""
         period = self.next_entry
         self.entered[period] = item
-        self.entry_of[iteration] = self.last_entry = period
-        self.next_entry = period + 1
+        self.entry_of[self.drawn] = self.last_entry = period
+        self.next_entry, self.drawn = period + 1, self.drawn + 1
 
     def retire(self, iteration: int) -> None:
         del self.entered[self.entry_of.pop(iteration)]
@@ -77,7 +82,10 @@ class Entries(Generic[T]):
         return len(self.entered)
 
     def oldest_entry(self) -> Optional[int]:
-        return min(self.entered) if self.entered else None
+        """The period the oldest live iteration entered in (iterations enter, and retire, in order)."""
+        for period in self.entered:
+            return period
+        return None
 
     def horizon(self, depth: int) -> int:
         """The last period any unit can have: every later one is empty for good (ALL: not known yet)."""
@@ -85,7 +93,6 @@ class Entries(Generic[T]):
 
 
 Fetch = Callable[[], Optional[T]]  # draw the next batch's item: None when there is none (now or ever)
-Number = Callable[[], int]  # the iteration number the next batch gets
 
 
 class ReleaseRule:
@@ -102,16 +109,16 @@ class ReleaseRule:
         """Whether ``run()`` may run a thread group on the caller's thread (see ``caller_through``)."""
         return True
 
-    def fill(self, entries: Entries[T], fetch: Fetch[T], number: Number) -> None:
+    def fill(self, entries: Entries[T], fetch: Fetch[T]) -> None:
         """Draw the first batches (also after ``progress(None)`` emptied the pipeline)."""
         for _ in range(self.fill_steps):
-            self.fill_step(entries, fetch, number)
+            self.fill_step(entries, fetch)
 
-    def fill_step(self, entries: Entries[T], fetch: Fetch[T], number: Number) -> None:
+    def fill_step(self, entries: Entries[T], fetch: Fetch[T]) -> None:
         """One hand-out of the fill."""
         raise NotImplementedError
 
-    def after_retire(self, entries: Entries[T], fetch: Optional[Fetch[T]], number: Number) -> None:
+    def after_retire(self, entries: Entries[T], fetch: Optional[Fetch[T]]) -> None:
         """The oldest iteration retired (``entries`` has dropped it); draw what comes next (``fetch`` None:
         a step without a batch)."""
         raise NotImplementedError
@@ -122,8 +129,9 @@ class ReleaseRule:
     def caller_through(self, entries: Entries[T]) -> int:
         """The last period whose units the caller's group runs in one ``progress()`` call: the oldest live
         iteration's last (every period released so far when none is live)."""
-        oldest = entries.oldest_entry()
-        return entries.next_entry - 1 if oldest is None else oldest + self.depth - 1
+        for oldest in entries.entered:
+            return oldest + self.depth - 1
+        return entries.next_entry - 1
 
     def _gaps_through_next(self, entries: Entries[T]) -> None:
         """A step without a batch: decide the entries up to the next live iteration's last period as gaps."""
@@ -132,12 +140,11 @@ class ReleaseRule:
             entries.next_entry = max(entries.next_entry, oldest + self.depth)
 
     @staticmethod
-    def _draw(entries: Entries[T], fetch: Fetch[T], number: Number) -> bool:
-        iteration = number()
+    def _draw(entries: Entries[T], fetch: Fetch[T]) -> bool:
         item = fetch()
         if item is None:
             return False
-        entries.enter(iteration, item)
+        entries.enter(item)
         return True
 
 
@@ -150,27 +157,38 @@ class ClockRule(ReleaseRule):
         super().__init__(depth)
         self.fill_steps = depth
 
-    def fill_step(self, entries: Entries[T], fetch: Fetch[T], number: Number) -> None:
+    def fill_step(self, entries: Entries[T], fetch: Fetch[T]) -> None:
         if entries.ended:
             entries.next_entry += 1  # a tick without a batch
         else:
-            self._tick(entries, fetch, number)
+            self._tick(entries, fetch)
 
-    def after_retire(self, entries: Entries[T], fetch: Optional[Fetch[T]], number: Number) -> None:
-        if fetch is None or entries.ended:
-            entries.next_entry += 1  # a tick without a batch
-        else:
-            self._tick(entries, fetch, number)
-        self._gaps_through_next(entries)
+    def after_retire(self, entries: Entries[T], fetch: Optional[Fetch[T]]) -> None:
+        # one tick (drawing its batch unless the step has none or the data ended), then the gaps of
+        # _gaps_through_next; written out, since it runs once per iteration
+        period = entries.next_entry
+        if fetch is not None and not entries.ended:
+            item = fetch()
+            if item is None:
+                entries.ended = True
+            else:
+                entries.entered[period] = item
+                entries.entry_of[entries.drawn] = entries.last_entry = period
+                entries.drawn += 1
+        entries.next_entry = period + 1
+        for oldest in entries.entered:  # the oldest live iteration: its last period must be released
+            if oldest + self.depth > period + 1:
+                entries.next_entry = oldest + self.depth
+            break
 
-    def _tick(self, entries: Entries[T], fetch: Fetch[T], number: Number) -> None:
-        if not self._draw(entries, fetch, number):
+    def _tick(self, entries: Entries[T], fetch: Fetch[T]) -> None:
+        if not self._draw(entries, fetch):
             entries.ended = True
             entries.next_entry += 1
 
     def released(self, entries: Entries[T]) -> Released:
         last = entries.next_entry - 1  # every released period is decided: its batch entered, or none did
-        return Released(last, last)
+        return _released((last, last))
 
 
 class DataFlowRule(ReleaseRule):
@@ -188,22 +206,22 @@ class DataFlowRule(ReleaseRule):
         for work the caller hands out only after retiring an iteration."""
         return self.max_live >= self.depth
 
-    def fill_step(self, entries: Entries[T], fetch: Fetch[T], number: Number) -> None:
-        self._top_up(entries, fetch, number)
+    def fill_step(self, entries: Entries[T], fetch: Fetch[T]) -> None:
+        self._top_up(entries, fetch)
 
-    def after_retire(self, entries: Entries[T], fetch: Optional[Fetch[T]], number: Number) -> None:
+    def after_retire(self, entries: Entries[T], fetch: Optional[Fetch[T]]) -> None:
         if fetch is None:
             self._gaps_through_next(entries)
         else:
-            self._top_up(entries, fetch, number)
+            self._top_up(entries, fetch)
 
-    def _top_up(self, entries: Entries[T], fetch: Fetch[T], number: Number) -> None:
+    def _top_up(self, entries: Entries[T], fetch: Fetch[T]) -> None:
         while entries.live < self.max_live and not entries.ended:
-            if not self._draw(entries, fetch, number):
+            if not self._draw(entries, fetch):
                 entries.ended = True
 
     def released(self, entries: Entries[T]) -> Released:
-        return Released(ALL, ALL if entries.ended else entries.next_entry - 1)
+        return _released((ALL, ALL if entries.ended else entries.next_entry - 1))
 
 
 def rule_of(engine: str, depth: int, max_live: int) -> ReleaseRule:

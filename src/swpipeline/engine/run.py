@@ -293,7 +293,8 @@ class Run:
             if isinstance(exc, PipelineAborted):
                 return
             if unit is not None:
-                name, it = unit.slot.task, unit.item.iter_idx
+                _, slot, ctx = unit
+                name, it = slot.task, ctx.iter_idx
                 if isinstance(exc, StopIteration):
                     exc = stop_iteration_error(exc, name, it)
                 annotate(exc, name, it)
@@ -437,7 +438,7 @@ class Stragglers:
             if unit is not None:
                 raise RuntimeError(
                     f"fill_pipeline(): thread {worker.thread.name!r} of an earlier run is still running "
-                    f"{unit_text(unit)} on stream {unit.slot.stream!r}, which this run "
+                    f"{unit_text(unit)} on stream {unit[1].stream!r}, which this run "
                     f"needs; wait until that task returns (it did not within join_timeout={join_timeout:g} s), "
                     f"then call fill_pipeline() again"
                 )

@@ -249,10 +249,10 @@ class Simulation:
         clock: one tick; the data-flow engine: a top-up); then every unit the rule releases is handed out."""
         rule, entries, created = self.rule, self.entries, self.created
         if self.fill_steps_done < rule.fill_steps:
-            rule.fill_step(entries, self._fetch, lambda: self.created)
+            rule.fill_step(entries, self._fetch)
             self.fill_steps_done += 1
         else:
-            rule.after_retire(entries, self._fetch, lambda: self.created)
+            rule.after_retire(entries, self._fetch)
         if self.created == created:
             self.t += self.o.period  # handing out without a new batch
         released, horizon = rule.released(entries), entries.horizon(self.c.depth)
@@ -260,9 +260,8 @@ class Simulation:
         while len(self.known_at) <= known:
             self.known_at.append(self.t)
             self.known_by.append(self.pc)
-        walk = self.c.schedule.walk
-        for g, group in enumerate(self.c.groups):
-            units, self.positions[group] = walk(group, self.positions[group], entries.entered, released, horizon)
+        walked = self.c.schedule.walk_all(self.positions, entries.entered, released, horizon, self.c.groups)
+        for g, units in enumerate(walked):
             if units:
                 self.handed[g] += len(units)
                 self.batches[g].append((self.handed[g], self.t, self.pc))

@@ -112,9 +112,9 @@ def unit_sequences(compiled: CompiledPlan, num_iterations: int) -> UnitSequences
     periods: List[List[int]] = []
     for group in compiled.groups:
         units = schedule.walk(group, (0, 0), entered, everything, horizon)[0]
-        tasks.append([u.slot.index for u in units])
-        iters.append([u.item for u in units])
-        periods.append([u.period for u in units])
+        tasks.append([slot.index for _, slot, _ in units])
+        iters.append([it for _, _, it in units])
+        periods.append([period for period, _, _ in units])
     lines: List[List[int]] = [[] for _ in range(compiled.num_lines)]
     for period in range(horizon + 1):
         for slot, it in schedule.units(period, entered):
