@@ -28,8 +28,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "swpipeline"
 LAYERS: List[Tuple[str, ...]] = [("errors", "scoped", "version"), ("plan",),
-                                 ("devices", "observe", "shortcut", "training"), ("engine",), ("analysis",), ("planning",),
-                                 ("torchrec", "gpipe", "embcache"), ("cli",)]
+                                 ("devices", "observe", "shortcut", "training"), ("engine",), ("analysis",),
+                                 ("planning",), ("torchrec", "gpipe", "embcache"), ("cli",)]
 LAYER_OF: Dict[str, int] = {part: k for k, parts in enumerate(LAYERS) for part in parts}
 
 
