@@ -71,15 +71,16 @@ def check_dependencies(log: ExecLog, plan: PipelinePlan, num_iters: int) -> int:
             for dep in plan.intra[task]:
                 assert index[("end", dep, it)] < start, f"{task}({it}) started before {dep}({it}) ended"
                 checked += 1
-            if it > 0:
-                for dep in plan.inter[task]:
-                    assert index[("end", dep, it - 1)] < start, f"{task}({it}) started before {dep}({it - 1}) ended"
+            for dep, back in plan.inter[task]:
+                if it >= back:
+                    assert index[("end", dep, it - back)] < start, \
+                        f"{task}({it}) started before {dep}({it - back}) ended"
                     checked += 1
     return checked
 
 
 def make_plan(log: ExecLog, spec: Dict[str, Tuple[int, Any, str]], intra: Sequence[Tuple[str, str]] = (),
-              inter: Sequence[Tuple[str, str]] = (),
+              inter: Sequence[Any] = (),
               work: Optional[Dict[str, Callable[[Any], None]]] = None) -> PipelinePlan:
     """A plan from ``{name: (stage, stream, thread_group)}`` whose tasks log to ``log``."""
     work = work or {}
@@ -173,8 +174,14 @@ def valid_plans(draw: st.DrawFn) -> Dict[str, Any]:
             for k, name in enumerate(names)}
     # intra deps only from earlier-declared tasks: a DAG with stage(dep) <= stage(task) (the intra stage rule)
     intra = [(names[b], names[a]) for b in range(n) for a in range(b) if draw(st.booleans()) and draw(st.booleans())]
-    inter = [(names[a], names[b]) for a in range(n) for b in range(n)
-             if stages[b] - stages[a] <= 1 and draw(st.integers(0, 5)) == 0]
+    # inter deps at distance d (a pair: d = 1) with stage(dep) - stage(task) <= d (the inter stage rule)
+    inter: List[Any] = []
+    for a in range(n):
+        for b in range(n):
+            if draw(st.integers(0, 5)) == 0:
+                d = draw(st.sampled_from([1, 1, 2, 3]))
+                if stages[b] - stages[a] <= d:
+                    inter.append((names[a], names[b]) if d == 1 else (names[a], names[b], d))
     return {"spec": spec, "intra": intra, "inter": inter}
 
 
@@ -183,18 +190,18 @@ def output_plan(shape: Dict[str, Any]) -> Tuple[PipelinePlan, ExecLog, Dict[Tupl
     log = ExecLog()
     values: Dict[Tuple[str, int], int] = {}
     intra: Dict[str, List[str]] = {n: [] for n in shape["spec"]}
-    inter: Dict[str, List[str]] = {n: [] for n in shape["spec"]}
+    inter: Dict[str, List[Tuple[str, int]]] = {n: [] for n in shape["spec"]}
     for task, dep in shape["intra"]:
         intra[task].append(dep)
-    for task, dep in shape["inter"]:
-        inter[task].append(dep)
+    for task, dep, *back in shape["inter"]:
+        inter[task].append((dep, back[0] if back else 1))
 
     def compute(name: str) -> Any:
         def fn(ctx: IterContext) -> None:
             i = ctx.iter_idx
             total = hash((name, ctx.batch)) % 1000
             total += sum(values[(d, i)] for d in intra[name])
-            total += sum(values[(d, i - 1)] for d in inter[name] if i > 0)
+            total += sum(values[(d, i - back)] for d, back in inter[name] if i >= back)
             values[(name, i)] = total % 1_000_003
         return fn
 

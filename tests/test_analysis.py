@@ -203,7 +203,8 @@ def test_a_fix_the_stages_forbid_says_which_stages_would_allow_it() -> None:
         ("Forward", "OptimizerStep", "inter", "Forward reads `model.bias`, `model.weight`, which OptimizerStep writes; "
          "in a pipelined run Forward(i+1) may run before OptimizerStep(i): add (\"Forward\", \"OptimizerStep\") to "
          "inter_iter_deps and move Forward to stage 1 or later, or OptimizerStep to stage 1 or earlier (a "
-         "dependency's stage may be at most the task's stage + 1)")]
+         "dependency's stage may be at most the task's stage + 1). "
+         + STALENESS_TAIL.format(gap=2, s="s", distance=3, newer="1 step old").replace("Step", "OptimizerStep"))]
 
 
 def test_a_tensor_nothing_names_is_described_by_dtype_shape_and_order() -> None:
@@ -435,3 +436,85 @@ def test_every_torchrec_plan_on_two_ranks_has_no_missing_dependency_but_semi_syn
             "which EmbBackward writes; in a pipelined run EmbLookup(i+1) runs before EmbBackward(i): add "
             "(\"EmbLookup\", \"EmbBackward\") to inter_iter_deps and move EmbLookup to stage 2 or later, or "
             "EmbBackward to stage 2 or earlier (a dependency's stage may be at most the task's stage + 1)")
+
+
+# -- weights a later stage's optimizer step updates -----------------------------------------------------------
+
+
+def training_plan(stages: Tuple[int, int, int], hand_written: bool = False) -> Tuple[PipelinePlan, Any]:
+    """Forward / Backward / Step of a small model, each on a thread group and stream of its own."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def forward(ctx: IterContext) -> None:
+        ctx.loss = model(ctx.batch).pow(2).mean()
+
+    def backward(ctx: IterContext) -> None:
+        ctx.loss.backward()
+
+    def step(ctx: IterContext) -> None:
+        if hand_written:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.data.add_(p.grad, alpha=-0.1)
+                    p.grad = None
+        else:
+            opt.step()
+            opt.zero_grad()
+
+    tasks = [PipelineTask("Forward", forward), PipelineTask("Backward", backward), PipelineTask("Step", step)]
+    schedule = {t: TaskSchedule(stage=s, thread_group=t.name, stream=t.name) for t, s in zip(tasks, stages)}
+    return PipelinePlan(schedule, [("Backward", "Forward"), ("Step", "Backward")]), model
+
+
+STALENESS_TAIL = (
+    "These are a module's weights: this placement runs Forward(i+{gap}) in the same period as Step(i) (Step is "
+    "{gap} stage{s} later), so Forward(i+{gap}) would train on weights {gap} step{s} old, or {newer} if Step(i) "
+    "finished first, or a mix of both if it is halfway, by timing. The dependency gives the serial loop's answer "
+    "and makes Forward wait for the step; to overlap them on purpose, train on weights exactly {gap} step{s} old, "
+    "one version per iteration: versions = swpipeline.WeightVersions(model, staleness={gap}), the model run under "
+    "`with versions.use(ctx):` in Forward, versions.step(ctx, optimizer) in Step, and versions.deps(Forward, Step), "
+    "which is (\"Forward\", \"Step\", {distance}), in inter_iter_deps")
+
+
+@pytest.mark.parametrize("hand_written", [False, True], ids=["torch-optimizer", "p.data-update"])
+@pytest.mark.parametrize("stages, gap", [((0, 0, 1), 1), ((0, 1, 1), 1), ((0, 1, 2), 2)])
+def test_a_step_on_a_later_stage_is_named_with_the_staleness_it_implies_and_both_fixes(
+        stages: Tuple[int, int, int], gap: int, hand_written: bool) -> None:
+    plan, _ = training_plan(stages, hand_written)
+    analysis = analyze(plan, torch.randn(3, 4))
+    assert pairs(analysis.missing_deps) == [("Forward", "Step", "inter")] and analysis.warnings == []
+    reason = analysis.missing_deps[0][3]
+    moves = "" if gap == 1 else (" and move Forward to stage 1 or later, or Step to stage 1 or earlier (a "
+                                 "dependency's stage may be at most the task's stage + 1)")
+    assert reason.endswith(
+        f'in a pipelined run Forward(i+1) may run before Step(i): add ("Forward", "Step") to inter_iter_deps{moves}. '
+        + STALENESS_TAIL.format(gap=gap, s="s" if gap > 1 else "", distance=gap + 1,
+                                newer="the serial loop's" if gap == 1 else "1 step old"))
+
+
+def test_a_step_on_the_same_stage_but_another_thread_group_only_needs_the_dependency() -> None:
+    # Step(i) runs in an earlier period than Forward(i+1): declaring the pair costs no overlap, nothing is stale
+    plan, _ = training_plan((0, 0, 0))
+    reason = analyze(plan, torch.randn(3, 4)).missing_deps[0][3]
+    assert reason.endswith('in a pipelined run Forward(i+1) may run before Step(i): add ("Forward", "Step") to '
+                           'inter_iter_deps')
+
+
+def test_weights_written_without_their_gradients_get_no_staleness_hint() -> None:
+    # An embedding update fused into the backward (as TorchRec's) writes the weights without a .grad: not a step.
+    table = torch.nn.Embedding(6, 2)
+
+    def lookup(ctx: IterContext) -> None:
+        ctx.rows = table(ctx.batch).sum()
+
+    def update(ctx: IterContext) -> None:
+        with torch.no_grad():
+            table.weight.add_(0.5)
+
+    plan = PipelinePlan({PipelineTask("Lookup", lookup): TaskSchedule(stage=0, thread_group="a", stream="a"),
+                         PipelineTask("Update", update): TaskSchedule(stage=1, thread_group="b", stream="b")},
+                        [("Update", "Lookup")])
+    reason = analyze(plan, torch.tensor([1, 2])).missing_deps[0][3]
+    assert reason.endswith('add ("Lookup", "Update") to inter_iter_deps') and "WeightVersions" not in reason

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Set, Tuple
 import pytest
 
 from engine_helpers import ExecLog, make_plan, sparse_dist_plan
-from swpipeline import PipelinePlan, SimulatedDevice, SWPipeline
+from swpipeline import DataFlowPipeline, PipelinePlan, SimulatedDevice, SWPipeline
 
 
 # Plans here put several thread groups on one stream on purpose (the turns are what is tested).
@@ -24,8 +24,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning"
 
 def expected_producer(plan: PipelinePlan, task: str, it: int) -> List[Tuple[str, int]]:
     deps = [(d, it) for d in plan.intra[task]]
-    if it > 0:
-        deps += [(d, it - 1) for d in plan.inter[task]]
+    deps += [(d, it - back) for d, back in plan.inter[task] if it >= back]
     return deps
 
 
@@ -66,14 +65,22 @@ def test_every_dependency_is_ordered_on_the_device(num_iters: int) -> None:
     assert prove(pipe, sim, num_iters) == expected
 
 
-def test_cross_stream_waits_name_the_producers_own_record() -> None:
+INTER_AT_ONE = [("A", "B"), ("B", "C"), ("C", "A"), ("D", "C")]
+# the same at distances 2, 3, 3 and 2: C(i) (stage 2) reads A(i-3) (stage 0) five periods after A ran, so
+# with fewer event slots than the live iterations plus the distance, A(i+1) would reuse the slot before
+# C(i) waits on it: the wait would name another iteration's record
+INTER_FURTHER = [("A", "B", 2), ("B", "C", 3), ("C", "A", 3), ("D", "C", 2)]
+
+
+@pytest.mark.parametrize("engine", ["SWPipeline", "DataFlowPipeline"])
+@pytest.mark.parametrize("inter", [INTER_AT_ONE, INTER_FURTHER], ids=["distance-1", "distances-1-to-3"])
+def test_cross_stream_waits_name_the_producers_own_record(inter: List[Any], engine: str) -> None:
     sim = SimulatedDevice()
     log = ExecLog()
     # Inter dependencies across streams with stage gaps 1, 0 and -1, plus intra ones.
     spec = {"A": (0, "s0", "g0"), "B": (1, "s1", "g1"), "C": (2, None, "g2"), "D": (1, "s0", "g0")}
-    plan = make_plan(log, spec, intra=[("B", "A"), ("C", "B"), ("D", "A")],
-                     inter=[("A", "B"), ("B", "C"), ("C", "A"), ("D", "C")])
-    pipe = SWPipeline(plan, device=sim)
+    plan = make_plan(log, spec, intra=[("B", "A"), ("C", "B"), ("D", "A")], inter=inter)
+    pipe = SWPipeline(plan, device=sim) if engine == "SWPipeline" else DataFlowPipeline(plan, max_depth=4, device=sim)
     pipe.run(range(12))
     launches = sim.launches()
     fetches = fetch_positions(sim)
@@ -97,7 +104,7 @@ def test_cross_stream_waits_name_the_producers_own_record() -> None:
         assert expected <= waits and waits - expected <= retire_waits, (task, it)
         if stream != "default":
             assert waits == expected, (task, it)
-    assert prove(pipe, sim, 12) == 12 * 3 + 11 * 4
+    assert prove(pipe, sim, 12) == 12 * 3 + sum(12 - (entry[2] if len(entry) == 3 else 1) for entry in inter)
 
 
 def test_same_stream_dependencies_need_no_event() -> None:

@@ -34,6 +34,7 @@ REFERENCE_PAGES: Dict[str, List[str]] = {
                 "Timeline", "RunStats", "TaskStats", "TaskRecord", "DependencyWait"],
     "shortcut": ["SWPipeline.enable_shortcut", "DeclaredIO", "TaskProfiler", "ProfileResult"],
     "checking": ["analyze", "PlanAnalysis", "infer_deps", "RaceChecker", "RaceError"],
+    "training": ["WeightVersions", "VersionStats"],
     "choosing": ["simulate", "SimResult", "TaskCosts", "TaskCost", "autoplan", "search_plan", "PlanSearch",
                  "calibrate", "EngineOverheads"],
     "devices": ["Device", "CPUDevice", "TorchDevice", "SimulatedDevice"],
@@ -42,7 +43,8 @@ REFERENCE_PAGES: Dict[str, List[str]] = {
     "embcache": ["embcache"],
 }
 SUBPACKAGES = ("torchrec", "gpipe", "embcache")
-GUIDES = ("design", "observability", "torchrec", "is_my_plan_right", "choosing_a_plan", "gpipe", "embcache")
+GUIDES = ("design", "observability", "torchrec", "is_my_plan_right", "choosing_a_plan", "staleness", "gpipe",
+          "embcache")
 
 
 @pytest.fixture(scope="module")

@@ -344,8 +344,9 @@ SCHEDULE = """\
 def test_the_plan_declares_the_rule_for_shared_rows() -> None:
     pipe = pipeline(cached_model(N, "sgd"))
     plan = pipe.plan
-    assert plan.inter["Lookup"] == ["SparseUpdate"]  # batch i+1 reads the rows it shares with batch i after its update
-    assert plan.inter["Swap"] == ["Lookup"]  # batch i+1's swap moves only rows whose updates are done
+    # batch i+1 reads the rows it shares with batch i after its update
+    assert plan.inter["Lookup"] == [("SparseUpdate", 1)]
+    assert plan.inter["Swap"] == [("Lookup", 1)]  # batch i+1's swap moves only rows whose updates are done
     assert plan.intra["Lookup"] == ["Swap"]
     assert [plan.stage(t) for t in ("H2D", "ComputeSwap", "Swap", "Forward")] == [0, 1, 2, 3]
     assert pipe.format_schedule(5) == SCHEDULE

@@ -124,7 +124,7 @@ def test_the_suggestion_keeps_the_order_and_trains_like_the_serial_loop_on_both_
     assert not found.kept_baseline and found.speedup is not None and found.speedup > 1.3  # Load moved off
     assert {n: (s.stage, s.thread_group) for n, s in plan.schedules.items()} == {
         "Load": (0, "g1"), "Forward": (0, "default"), "Backward": (1, "default"), "Step": (1, "default")}
-    assert plan.inter["Forward"] == ["Step"]  # declared: kept on any thread or stream
+    assert plan.inter["Forward"] == [("Step", 1)]  # declared: kept on any thread or stream
     assert orders_dropped(plan, analysis_orders(analysis)) == []
     expected = train(loop, loop.one_thread(), "serial")
     assert_bitwise_equal(train(loop, plan, "serial"), expected)
@@ -144,7 +144,7 @@ def test_a_kept_baseline_that_races_comes_back_with_the_order_declared() -> None
     assert found.kept_baseline and found.plan is not racing
     assert {n: (s.stage, s.thread_group) for n, s in found.plan.schedules.items()} == {
         n: (s.stage, s.thread_group) for n, s in racing.schedules.items()}
-    assert found.plan.inter["Forward"] == ["Step"]
+    assert found.plan.inter["Forward"] == [("Step", 1)]
     expected = train(loop, loop.one_thread(), "serial")
     assert_bitwise_equal(train(loop, found.plan, "clocked"), expected)
     assert_bitwise_equal(train(loop, found.plan, "dataflow", depth=1), expected)

@@ -171,7 +171,7 @@ def stream_sequences(device: SimulatedDevice) -> Dict[str, List[Tuple[str, int]]
 def renamed(shape: Dict[str, Any], mapping: Dict[str, str]) -> Dict[str, Any]:
     return {"spec": {mapping[n]: v for n, v in shape["spec"].items()},
             "intra": [(mapping[a], mapping[b]) for a, b in shape["intra"]],
-            "inter": [(mapping[a], mapping[b]) for a, b in shape["inter"]]}
+            "inter": [(mapping[a], mapping[b], *back) for a, b, *back in shape["inter"]]}
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -61,8 +61,8 @@ def runs_to_completion(order: Sequence[str], plan: PipelinePlan) -> bool:
         for dep in plan.intra[task]:
             if plan.stage(dep) == plan.stage(task):
                 producers[task].add(dep)
-        for dep in plan.inter[task]:
-            if plan.stage(dep) == plan.stage(task) + 1:
+        for dep, back in plan.inter[task]:
+            if plan.stage(dep) == plan.stage(task) + back:
                 producers[task].add(dep)
     queues: Dict[str, List[str]] = {}
     for name in order:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swpipeline import DeclaredIO, IterContext, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
+from swpipeline import DataFlowPipeline, DeclaredIO, IterContext, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
 from swpipeline.plan.model import NamedOnlyTask
 
 import seed_plans
@@ -186,7 +186,7 @@ def test_plan_lists_tasks_in_declaration_order_with_resolved_deps() -> None:
         "WaitBatch": ["InputDistWait", "ZeroGrad"], "Forward": ["InputDistWait", "WaitBatch"],
         "Backward": ["Forward"], "OptimizerStep": ["Backward"],
     }
-    assert plan.inter == {n: (["OptimizerStep"] if n == "Forward" else []) for n in plan.task_names}
+    assert plan.inter == {n: ([("OptimizerStep", 1)] if n == "Forward" else []) for n in plan.task_names}
     assert plan.stage("InputDistWait") == 1
     assert plan.schedules["InputDistStart"].globally_ordered is True
     assert plan.depth == 3 and plan.pipeline_depth == 3
@@ -215,7 +215,7 @@ def test_object_and_name_references_give_the_same_plan() -> None:
     a, b = PipelineTask("A", fn_a), PipelineTask("B", fn_b)
     mixed = PipelinePlan({a: S0, b: S1}, intra_iter_deps=[("B", a)], inter_iter_deps=[(a, "B")])
     assert mixed.intra == {"A": [], "B": ["A"]}
-    assert mixed.inter == {"A": ["B"], "B": []}
+    assert mixed.inter == {"A": [("B", 1)], "B": []}
     assert mixed.task("A") is a
 
 
@@ -231,12 +231,12 @@ def test_repeated_dependency_pairs_are_kept_once() -> None:
     plan = PipelinePlan({"A": S0, "B": S0}, intra_iter_deps=[("B", "A"), ("B", "A")],
                         inter_iter_deps=[("A", "B"), ("A", "B")])
     assert plan.intra["B"] == ["A"]
-    assert plan.inter["A"] == ["B"]
+    assert plan.inter["A"] == [("B", 1)]
 
 
 def test_inter_iteration_self_dependency_is_allowed() -> None:
     plan = PipelinePlan({"A": S0, "B": S1}, inter_iter_deps=[("A", "A"), ("B", "B")])
-    assert plan.inter == {"A": ["A"], "B": ["B"]}
+    assert plan.inter == {"A": [("A", 1)], "B": [("B", 1)]}
     SWPipeline(plan, device="cpu")  # k = 0: the previous iteration ran in an earlier period
 
 
@@ -351,7 +351,7 @@ def test_two_task_cycle_behind_an_acyclic_prefix() -> None:
 def test_an_inter_iteration_back_edge_is_not_a_cycle() -> None:
     plan = PipelinePlan({"F": S0, "B": S0, "O": S0}, intra_iter_deps=[("B", "F"), ("O", "B")],
                         inter_iter_deps=[("F", "O")])
-    assert plan.inter["F"] == ["O"]
+    assert plan.inter["F"] == [("O", 1)]
 
 
 def test_negative_stage_is_rejected_naming_the_task() -> None:
@@ -390,15 +390,46 @@ def test_schedule_values_must_be_task_schedules(value: object, kind: str) -> Non
 @pytest.mark.parametrize("deps, kind", [("AB", "str"), (None, "NoneType"), ({("A", "B")}, "set"),
                                         ({"A": "B"}, "dict")])
 def test_deps_must_be_a_list(field: str, deps: object, kind: str) -> None:
-    with pytest.raises(TypeError, match=rf"{field} must be a list of \(task, depends_on\) pairs, got {kind}"):
+    triples = r" or \(task, depends_on, distance\) triples" if field == "inter_iter_deps" else ""
+    with pytest.raises(TypeError, match=rf"{field} must be a list of \(task, depends_on\) pairs{triples}, got {kind}"):
         plan_with(field, deps)
 
 
 @pytest.mark.parametrize("field", ["intra_iter_deps", "inter_iter_deps"])
-@pytest.mark.parametrize("entry", [("A",), ("A", "B", "C"), "AB", None])
+@pytest.mark.parametrize("entry", [("A",), ("A", "B", 2, 3), "AB", None])
 def test_deps_entries_must_be_pairs(field: str, entry: object) -> None:
     with pytest.raises(TypeError, match=rf"{field}: entries must be \(task, depends_on\) pairs"):
         plan_with(field, [entry])
+
+
+def test_intra_iteration_entries_have_no_distance() -> None:
+    with pytest.raises(TypeError, match=r"intra_iter_deps: entries must be \(task, depends_on\) pairs, got "
+                                        r"\('A', 'B', 1\)"):
+        plan_with("intra_iter_deps", [("A", "B", 1)])
+
+
+@pytest.mark.parametrize("distance", ["2", 1.0, True, None])
+def test_a_distance_must_be_an_int(distance: object) -> None:
+    with pytest.raises(TypeError, match=rf"inter_iter_deps: the distance of \('A', 'B'\) must be an int >= 1 "
+                                        rf"\(the task at iteration i needs 'B' at iteration i - distance\), got "
+                                        rf"{re.escape(repr(distance))}"):
+        plan_with("inter_iter_deps", [("A", "B", distance)])
+
+
+@pytest.mark.parametrize("distance", [0, -1])
+def test_a_distance_below_one_is_refused_and_names_intra_iter_deps(distance: int) -> None:
+    with pytest.raises(ValueError, match=rf"the distance of \('A', 'B'\) is {distance}; it must be >= 1 .*a "
+                                         r"dependency in the same iteration goes in intra_iter_deps"):
+        plan_with("inter_iter_deps", [("A", "B", distance)])
+
+
+def test_a_dependency_at_two_distances_keeps_the_nearer_one_and_pairs_are_distance_one() -> None:
+    plan = PipelinePlan({"A": S0, "B": S0, "C": S0}, inter_iter_deps=[("A", "B", 3), ("A", "B"), ("A", "C", 2),
+                                                                      ("A", "C", 4), ("B", "C", 2)])
+    assert plan.inter == {"A": [("B", 1), ("C", 2)], "B": [("C", 2)], "C": []}
+    assert plan.inter_entries() == [("A", "B"), ("A", "C", 2), ("B", "C", 2)]
+    assert plan.reach == 2
+    assert PipelinePlan({"A": S0}).reach == 1
 
 
 @pytest.mark.parametrize("field", ["intra_iter_deps", "inter_iter_deps"])
@@ -468,9 +499,26 @@ def test_inter_stage_rule_fwd_waiting_for_opt_two_stages_later_is_rejected() -> 
                         inter_iter_deps=[("fwd", "opt")])
     msg = ("inter_iter_deps: 'fwd' (stage 0) depends on 'opt' (stage 2) of the previous iteration; "
            "the stage gap is 2 > 1, so 'opt' of iteration i-1 would run in a later period than 'fwd' of iteration "
-           "i, which would wait for it forever. Reduce the gap to <= 1")
+           "i, which would wait for it forever. A dependency at distance d may be at most d stages later than its "
+           "task: reduce the gap to <= 1, or, if 'fwd' may use an older result of 'opt', declare ('fwd', 'opt', 2) "
+           "in inter_iter_deps")
     with pytest.raises(ValueError, match=re.escape(msg)):
         SWPipeline(plan, device="cpu")
+
+
+@pytest.mark.parametrize("engine", [SWPipeline, DataFlowPipeline])
+def test_a_dependency_at_distance_d_may_be_d_stages_later_and_no_more(engine: Any) -> None:
+    intra = [("bwd", "fwd"), ("opt", "bwd")]
+    engine(PipelinePlan({"fwd": S0, "bwd": S1, "opt": S2}, intra, [("fwd", "opt", 2)]), device="cpu")
+    engine(PipelinePlan({"fwd": S0, "bwd": S1, "opt": S2}, intra, [("fwd", "opt", 3)]), device="cpu")
+    plan = PipelinePlan({"fwd": S0, "bwd": S1, "opt": S2, "late": TaskSchedule(stage=3)},
+                        [*intra, ("late", "opt")], [("fwd", "late", 2)])
+    msg = ("inter_iter_deps: 'fwd' (stage 0) depends on 'late' (stage 3) of iteration i-2; the stage gap is 3 > 2, "
+           "so 'late' of iteration i-2 would run in a later period than 'fwd' of iteration i, which would wait for "
+           "it forever. A dependency at distance d may be at most d stages later than its task: reduce the gap to "
+           "<= 2, or, if 'fwd' may use an older result of 'late', declare ('fwd', 'late', 3) in inter_iter_deps")
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        engine(plan, device="cpu")
 
 
 @pytest.mark.parametrize("fwd, bwd, opt, depth", [

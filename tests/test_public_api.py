@@ -18,6 +18,7 @@ EXPORTED = {
     "TorchDevice",
     "DependencyWait", "RunStats", "TaskRecord", "TaskStats", "Timeline",
     "PlanAnalysis", "RaceChecker", "RaceError", "analyze", "infer_deps", "task_generator",
+    "VersionStats", "WeightVersions",
     "EngineOverheads", "PathStep", "PlanSearch", "SimResult", "SimUnit", "TaskCost", "TaskCosts", "autoplan",
     "calibrate", "search_plan", "simulate",
 }

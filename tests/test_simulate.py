@@ -346,8 +346,9 @@ def test_simulated_runs_keep_every_rule(shape: Dict[str, Any], batches: int, eng
         assert unit.end - unit.start == costs[task]
         for dep in plan.intra[task]:
             assert units[(dep, it)].end <= unit.start
-        for dep in plan.inter[task] if it > 0 else ():
-            assert units[(dep, it - 1)].end <= unit.start
+        for dep, back in plan.inter[task]:
+            if it >= back:
+                assert units[(dep, it - back)].end <= unit.start
     for lane in ("thread_group", "stream"):
         by_lane: Dict[str, List[Tuple[float, float]]] = {}
         for u in units.values():

@@ -87,6 +87,6 @@ def test_soak_on_the_simulated_device() -> None:
     launches = sim.launches()
     for (task, it), where in launches.items():
         producers: List[Any] = [(d, it) for d in plan.intra[task]]
-        producers += [(d, it - 1) for d in plan.inter[task]] if it > 0 else []
+        producers += [(d, it - back) for d, back in plan.inter[task] if it >= back]
         for producer in producers:
             assert sim.happens_before(launches[producer], where)

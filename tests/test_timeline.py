@@ -49,7 +49,7 @@ def stamped_sparse_dist(log: StampLog) -> PipelinePlan:
     plan = sparse_dist_plan(ExecLog())
     schedule = {PipelineTask(t.name, log.fn(t.name)): plan.schedules[t.name] for t in plan.tasks}
     return PipelinePlan(schedule, [(c, p) for c in plan.task_names for p in plan.intra[c]],
-                        [(c, p) for c in plan.task_names for p in plan.inter[c]])
+                        plan.inter_entries())
 
 
 def by_unit(timeline: Timeline) -> Dict[Tuple[str, int], TaskRecord]:
@@ -99,10 +99,10 @@ def test_producers_end_and_waits_end_before_their_consumer_starts(engine: str) -
     for (task, it), record in units.items():
         for dep in plan.intra[task]:
             assert units[(dep, it)].cpu_end <= record.cpu_start
-        if it > 0:
-            for dep in plan.inter[task]:
-                assert units[(dep, it - 1)].cpu_end <= record.cpu_start
-        expected = {(d, it) for d in plan.intra[task]} | {(d, it - 1) for d in plan.inter[task] if it > 0}
+        for dep, back in plan.inter[task]:
+            if it >= back:
+                assert units[(dep, it - back)].cpu_end <= record.cpu_start
+        expected = {(d, it) for d in plan.intra[task]} | {(d, it - back) for d, back in plan.inter[task] if it >= back}
         for wait in record.waits:
             assert (wait.task, wait.iteration) in expected
             assert record.ready <= wait.start <= wait.end <= record.cpu_start

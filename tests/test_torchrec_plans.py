@@ -76,8 +76,9 @@ def _rows(plan: PipelinePlan) -> List[Tuple[str, int, str, bool]]:
 
 
 def _deps(plan: PipelinePlan, kind: str) -> List[Tuple[str, str]]:
-    deps = plan.intra if kind == "intra" else plan.inter
-    return sorted((t, d) for t, ds in deps.items() for d in ds)
+    if kind == "intra":
+        return sorted((t, d) for t, ds in plan.intra.items() for d in ds)
+    return sorted(plan.inter_entries())
 
 
 # What differs from seed 001's plan (see plans.py and docs/torchrec.md)

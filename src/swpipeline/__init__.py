@@ -44,6 +44,8 @@ from .observe.records import DependencyWait as DependencyWait
 from .observe.records import TaskRecord as TaskRecord
 from .plan.rng import task_generator as task_generator
 from .observe.timeline import Timeline as Timeline
+from .training.weights import VersionStats as VersionStats
+from .training.weights import WeightVersions as WeightVersions
 
 from .version import __version__ as __version__
 
@@ -89,4 +91,6 @@ __all__ = [
     "TaskStats",
     "Timeline",
     "TorchDevice",
+    "VersionStats",
+    "WeightVersions",
 ]

@@ -158,6 +158,7 @@ class IterationAccess:
     order: List[str]
     tasks: Dict[str, TaskAccess]
     state: Set[str]  # names outside the context: consecutive iterations share them
+    weights: Set[str] = field(default_factory=set)  # the names among them that are a module's parameters
 
 
 # -- naming: modules, optimizers and tensors reachable from the task functions ---------------------------
@@ -286,6 +287,7 @@ class StateRecorder:
         self.existing_by_key = {storage_key(t): t for t in self.existing}
         self.unnamed: Dict[int, str] = {}
         self.state: Set[str] = {name for name, _ in self.ios}
+        self.weights: Set[str] = set()  # the module parameters among the names (seen by _snapshot)
         self.generators = {key: name for key, (name, _) in named_generators(self.roots).items()}
 
     def _snapshot(self) -> _Snapshot:
@@ -303,6 +305,7 @@ class StateRecorder:
                 name = names.setdefault(storage_key(tensor) or 0, name)
             versions[name] = (tensor, _version(tensor))
         grads = {pid: f"{name}.grad" for pid, name in params.items()}
+        self.weights.update(name for name in params.values() if name in versions)
         return versions, names, grads, fingerprints
 
     def _name_of(self, key: int, named: Dict[int, str]) -> Optional[str]:

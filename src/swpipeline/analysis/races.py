@@ -4,7 +4,8 @@
 chain of these edges leads from ``B(i)`` back to ``A(j)``:
 
 * a declared intra-iteration pair ``(B, A)``: ``B(i)`` after ``A(i)``;
-* a declared inter-iteration pair ``(B, A)``: ``B(i)`` after ``A(i-1)``;
+* a declared inter-iteration pair ``(B, A)``: ``B(i)`` after ``A(i-1)``; a triple ``(B, A, d)``:
+  ``B(i)`` after ``A(i-d)``;
 * a task's own iterations: ``T(i)`` after ``T(i-1)`` (a task runs on one thread group and
   one stream, and completes its iterations in order, on both engines).
 
@@ -58,32 +59,42 @@ _DRAWS_KEPT = 8  # iterations of draws kept per task and generator (the latest a
 
 
 
+InterDeps = Mapping[str, Iterable[Union[str, Tuple[str, int]]]]  # task -> names (i - 1) or (name, d) (i - d)
+
+
 class HappensBefore:
     """The happens-before relation of a set of dependencies (see the module docstring).
 
     Args:
         names: the tasks.
         intra: task -> the tasks it depends on in the same iteration (a DAG).
-        inter: task -> the tasks it depends on in the previous iteration.
+        inter: task -> the tasks it depends on in earlier iterations: ``(name, d)`` for iteration
+            ``i - d``, or a name for the previous iteration.
     """
 
     def __init__(self, names: Iterable[str], intra: Mapping[str, Iterable[str]],
-                 inter: Mapping[str, Iterable[str]]) -> None:
+                 inter: InterDeps) -> None:
         self.names = list(names)
         self._closure: Dict[str, Set[str]] = {}
         deps = {n: list(intra.get(n, ())) for n in self.names}
         for name in self.names:
             self._close(name, deps)
-        inter_deps = {n: set(inter.get(n, ())) | {n} for n in self.names}  # a task's own previous iteration
-        one_back = {b: {a for x in self._closure[b] | {b} for y in inter_deps[x] for a in self._closure[y] | {y}}
+        backs: Dict[str, Set[Tuple[str, int]]] = {n: {(n, 1)} for n in self.names}  # a task's own previous one
+        for name in self.names:
+            backs[name] |= {(dep, 1) if isinstance(dep, str) else dep for dep in inter.get(name, ())}
+        # reach[d][b]: the tasks a with b(i) after a(i - d): back through intra chains, then one inter edge
+        # of distance e <= d, then what that task reaches at distance d - e. It only grows with d (a task's
+        # own iterations are ordered), so once ``furthest`` layers in a row are equal every later one is too.
+        reach: List[Dict[str, Set[str]]] = [{b: self._closure[b] | {b} for b in self.names}]
+        furthest = max(e for found in backs.values() for _, e in found)
+        while True:
+            d = len(reach)
+            step = {b: set().union(*(reach[d - e][y] for x in reach[0][b] for y, e in backs[x] if e <= d))
                     for b in self.names}
-        self._back: List[Dict[str, Set[str]]] = [one_back]  # [d - 1]: what B(i) reaches at iteration i - d
-        while len(self._back) <= len(self.names):
-            last = self._back[-1]
-            deeper = {b: set().union(*(last[m] for m in one_back[b])) for b in self.names}
-            if deeper == last:
+            reach.append(step)
+            if d >= furthest and step == reach[d - furthest]:
                 break
-            self._back.append(deeper)
+        self._back: List[Dict[str, Set[str]]] = reach[1:]  # [d - 1]: what B(i) reaches at iteration i - d
 
     @classmethod
     def of_plan(cls, plan: PipelinePlan) -> "HappensBefore":
@@ -170,19 +181,17 @@ def stage_fix(stage: Mapping[str, int], task: str, dep: str, distance: int) -> O
     """How to move the stages so that ``task`` may depend on ``dep`` of ``distance`` iterations back (None: it may)."""
     if stage[dep] - distance <= stage[task]:
         return None
-    limit = "the task's stage" if distance == 0 else "the task's stage + 1"
+    limit = "the task's stage" if distance == 0 else f"the task's stage + {distance}"
     return (f"move {task} to stage {stage[dep] - distance} or later, or {dep} to stage {stage[task] + distance} or "
             f"earlier (a dependency's stage may be at most {limit})")
 
 
 def dependency_fix(stage: Mapping[str, int], task: str, dep: str, distance: int) -> str:
     """The dependency to declare so that ``task(i)`` follows ``dep(i - distance)``, in words."""
-    if distance > 1:
-        return (f"declare dependencies that order {task} after {dep} of {distance} iterations earlier "
-                f"(a chain through inter_iter_deps)")
     where = "intra_iter_deps" if distance == 0 else "inter_iter_deps"
+    entry = f'("{task}", "{dep}")' if distance <= 1 else f'("{task}", "{dep}", {distance})'
     moves = stage_fix(stage, task, dep, distance)
-    return f'add ("{task}", "{dep}") to {where}' + (f" and {moves}" if moves else "")
+    return f"add {entry} to {where}" + (f" and {moves}" if moves else "")
 
 
 _DOES = {READ: "reads {}", DELETE: "deletes {}", MUTATE: "changes {} in place", DRAW: "draws from {}"}
@@ -204,6 +213,21 @@ def draw_hint(generator: str) -> str:
     """The other way out of a conflict on a generator: a generator of one task's own."""
     return (f"; or keep their random numbers apart: let one of the two draw from a generator of its own "
             f"(swpipeline.task_generator) instead of {generator}")
+
+
+def staleness_hint(task: str, dep: str, gap: int) -> str:
+    """What a placement that lets ``task`` (reading a module's weights) overlap ``dep`` (updating them) means,
+    ``gap >= 1`` being ``dep``'s stage minus ``task``'s, and the way to overlap them on purpose."""
+    steps = f"{gap} step{'s' if gap > 1 else ''}"
+    newer = "the serial loop's" if gap == 1 else f"{gap - 1} step{'s' if gap > 2 else ''} old"
+    return (f". These are a module's weights: this placement runs {task}(i+{gap}) in the same period as {dep}(i) "
+            f"({dep} is {steps.replace('step', 'stage')} later), so {task}(i+{gap}) would train on weights "
+            f"{steps} old, or {newer} if {dep}(i) finished first, or a mix of both if it is halfway, by "
+            f"timing. The dependency gives the serial loop's answer and makes {task} wait for the step; "
+            f"to overlap them on purpose, train on weights exactly {gap} step{'s' if gap > 1 else ''} old, one "
+            f"version per iteration: versions = swpipeline.WeightVersions(model, staleness={gap}), the model "
+            f"run under `with versions.use(ctx):` in {task}, versions.step(ctx, optimizer) in {dep}, and "
+            f'versions.deps({task}, {dep}), which is ("{task}", "{dep}", {gap + 1}), in inter_iter_deps')
 
 
 class RaceChecker:

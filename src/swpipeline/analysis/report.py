@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import AbstractSet, Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from ..plan import ordering
 from .access import DRAW, READ, READ_ALL, IterationAccess, StateRecorder, TaskAccess, recording_view
 from ..errors import annotate, stop_iteration_error
 from ..plan.model import IterContext, NamedOnlyTask, PipelinePlan, PipelineTask
-from .races import HappensBefore, Placement, conflict_clause, dependency_fix, draw_hint
+from .races import HappensBefore, InterDeps, Placement, conflict_clause, dependency_fix, draw_hint, staleness_hint
 
 __all__: List[str] = []
 
@@ -58,7 +58,7 @@ def record_iteration(tasks: Sequence[PipelineTask], batch: Any, warmup: int = 0,
         _call(task, functools.partial(recorder.run, task, functools.partial(_then, task.fn, view, finish), access),
               warmup)
     _settle_context(accesses)
-    return IterationAccess([t.name for t in tasks], accesses, recorder.state)
+    return IterationAccess([t.name for t in tasks], accesses, recorder.state, recorder.weights)
 
 
 def _then(fn: Callable[[IterContext], Any], view: IterContext, finish: Callable[[], None]) -> None:
@@ -123,13 +123,13 @@ def required_orderings(record: IterationAccess) -> Dict[Edge, List[Touch]]:
     return dict(sorted(out.items(), key=lambda item: (item[0][2], position[item[0][0]], position[item[0][1]])))
 
 
-def reduce_edges(names: Sequence[str], intra: Mapping[str, Sequence[str]], inter: Mapping[str, Sequence[str]],
+def reduce_edges(names: Sequence[str], intra: Mapping[str, Sequence[str]], inter: InterDeps,
                  candidates: Sequence[Edge], given: Sequence[Edge] = ()) -> List[Edge]:
     """The candidates that the dependencies, the ``given`` edges and the other kept candidates do not imply."""
     kept = list(candidates)
     for edge in candidates:
         others = [e for e in kept if e != edge] + list(given)
-        relation = HappensBefore(names, _merge(intra, others, 0), _merge(inter, others, 1))
+        relation = HappensBefore(names, _merge(intra, others, 0), _merge_back(inter, others))
         if relation.before(edge[1], edge[0], edge[2]):
             kept = [e for e in kept if e != edge]
     return kept
@@ -140,6 +140,14 @@ def _merge(deps: Mapping[str, Sequence[str]], edges: Sequence[Edge], distance: i
     for task, dep, d in edges:
         if d == distance:
             merged.setdefault(task, []).append(dep)
+    return merged
+
+
+def _merge_back(deps: InterDeps, edges: Sequence[Edge]) -> Dict[str, List[Union[str, Tuple[str, int]]]]:
+    merged: Dict[str, List[Union[str, Tuple[str, int]]]] = {task: list(found) for task, found in deps.items()}
+    for task, dep, d in edges:
+        if d:
+            merged.setdefault(task, []).append((dep, d))
     return merged
 
 
@@ -241,7 +249,7 @@ def analyze(plan: PipelinePlan, batch: Any, *, warmup: int = 0, roots: Optional[
     record = record_iteration([plan.task(n) for n in order], batch, warmup, roots)
     accepted = _accepted(plan, accept)
     required = {edge: why for edge, why in required_orderings(record).items() if edge[:2] not in accepted}
-    missing, warned = classify(plan, required)
+    missing, warned = classify(plan, required, optimizer_steps(record))
     tasks = record.tasks
     return PlanAnalysis(plan, warmup, order, {n: set(tasks[n].reads) for n in order},
                         {n: tasks[n].writes | tasks[n].deletes for n in order}, set(record.state), missing, warned)
@@ -273,8 +281,20 @@ def check_recording_args(where: str, tasks: Sequence[PipelineTask], warmup: obje
                          f"schedule with PipelineTask(name, fn) to record them")
 
 
-def classify(plan: PipelinePlan, required: Dict[Edge, List[Touch]]) -> Tuple[List[Entry], List[Entry]]:
-    """Split the orderings the declared dependencies lack into missing ones and placement-ordered ones."""
+def optimizer_steps(record: IterationAccess) -> Dict[str, Set[str]]:
+    """Per task, the module weights it updates from their gradients (reads or clears ``w.grad``, writes ``w``),
+    as an optimizer step does."""
+    found: Dict[str, Set[str]] = {}
+    for name, access in record.tasks.items():
+        touched = access.reads | access.writes | access.deletes
+        found[name] = {w for w in record.weights if w in access.writes and f"{w}.grad" in touched}
+    return found
+
+
+def classify(plan: PipelinePlan, required: Dict[Edge, List[Touch]],
+             steps: Optional[Mapping[str, AbstractSet[str]]] = None) -> Tuple[List[Entry], List[Entry]]:
+    """Split the orderings the declared dependencies lack into missing ones and placement-ordered ones
+    (``steps``: the weights each task updates as an optimizer step, see ``optimizer_steps``)."""
     relation, placement = HappensBefore.of_plan(plan), Placement(plan)
     missing: List[Edge] = []
     placed: List[Edge] = []
@@ -292,6 +312,11 @@ def classify(plan: PipelinePlan, required: Dict[Edge, List[Touch]]) -> Tuple[Lis
         fix = dependency_fix(placement.stage, task, dep, distance)
         drawn = [name for name, dep_kind, _ in required[edge] if dep_kind == DRAW]
         fix += draw_hint(drawn[0]) if drawn else ""
+        trained = [name for name, _, task_kind in required[edge]
+                   if steps is not None and name in steps.get(dep, ()) and task_kind == READ]
+        gap = placement.stage[dep] - placement.stage[task]
+        if is_missing and distance == 1 and trained and gap >= 1:  # (at gap 0 the dependency costs no overlap)
+            fix += staleness_hint(task, dep, gap)
         if is_missing:
             verb = "runs" if placement.before(dep, task, distance) is False else "may run"
             reason = f"{clauses}; in a pipelined run {task}({later}) {verb} before {dep}(i): {fix}"

@@ -256,8 +256,9 @@ def _streams(names: Optional[List[str]]) -> Optional[List[Optional[str]]]:
 
 
 def _pairs(plan: PipelinePlan, which: str) -> List[Any]:
-    deps = plan.intra if which == "intra" else plan.inter
-    return [(t, d) for t in plan.task_names for d in deps[t]]
+    if which == "intra":
+        return [(t, d) for t in plan.task_names for d in plan.intra[t]]
+    return plan.inter_entries()
 
 
 def _traced_live(timeline: Timeline) -> int:

@@ -49,8 +49,8 @@ class SWPipeline(_PipelineBase):
 
     Args:
         plan: the PipelinePlan; its stages must follow the stage rules (an intra-iteration
-            dependency is at the same or an earlier stage; an inter-iteration one at most one
-            stage later).
+            dependency is at the same or an earlier stage; an inter-iteration one at distance d at most
+            d stages later).
         device: None (current accelerator, else CPU), an index, ``"cpu"``, ``"cuda:1"``,
             a torch.device, or a Device instance (e.g. ``SimulatedDevice()`` in tests).
         signal_timeout: seconds a task may wait for one dependency (default 30).

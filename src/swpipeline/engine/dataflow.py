@@ -128,4 +128,4 @@ class DataFlowPipeline(_PipelineBase):
         deps = {t.name: self.plan.intra[t.name] for t in self._serial_order}
         return (f"DataFlowPipeline(device={self._device_text()}, max_depth={self.max_depth}, "
                 f"tasks={[t.name for t in self._serial_order]}, shortcuts={self.shortcuts}, "
-                f"intra_iter_deps={deps}, inter_iter_deps={ {k: v for k, v in self.plan.inter.items() if v} })")
+                f"intra_iter_deps={deps}, inter_iter_deps={self.plan.inter_entries()})")

@@ -5,7 +5,7 @@ thread group's worker, as the run's task of that slot::
 
     if it reads the batch first:        # no producer in its iteration, on a device with events
         device.wait(stream, batch_event)  #   only if the caller drew the batch on another stream
-    for dep in deps:                    # intra: iteration i; inter: iteration i-1
+    for dep in deps:                    # intra: iteration i; inter: iteration i - distance
         wait(dep, it)                   # phase 1: CPU signal (returns at once if done)
         device.wait(stream, event)      # phase 2: only if dep ran on another stream
     launch(task, ctx)                   # fn(ctx) with the task's stream current, in its turns:
@@ -126,12 +126,13 @@ def make_unit_runner(board: "CompletionBoard", device: Device, launch: Launch, t
                 wait_task(dep, i, timeout, task.name, i)
             if dep_events is not None:
                 device.wait(stream, dep_events[i % slots])
-        if i > 0:
-            for dep, dep_events in task.inter:
-                if done[dep] < i:
-                    wait_task(dep, i - 1, timeout, task.name, i)
+        for dep, dep_events, distance in task.inter:
+            back = i - distance
+            if back >= 0:
+                if done[dep] <= back:
+                    wait_task(dep, back, timeout, task.name, i)
                 if dep_events is not None:
-                    device.wait(stream, dep_events[(i - 1) % slots])
+                    device.wait(stream, dep_events[back % slots])
         if task.plain and free is None:
             launch(task, ctx)
         else:

@@ -69,9 +69,13 @@ class HandOut:
         self.resume(data_iter)
 
     def resume(self, data_iter: Iterator[Any]) -> None:
-        """Draw as the fill does (also after ``progress(None)`` emptied the pipeline), then hand out."""
-        self.rule.fill(self.entries, self._fetch_from(data_iter))
-        self._hand_out()
+        """Draw as the fill does (also after ``progress(None)`` emptied the pipeline), handing out after each
+        step: the clock's fill then hands each group one period at a time, as in the steady state, so that a
+        worker never holds a list of units of several iterations that retire while it runs the last one."""
+        fetch = self._fetch_from(data_iter)
+        for _ in range(self.rule.fill_steps):
+            self.rule.fill_step(self.entries, fetch)
+            self._hand_out()
 
     def after_retire(self, oldest: int, data_iter: Optional[Iterator[Any]]) -> None:
         self.entries.retire(oldest)

@@ -115,7 +115,7 @@ class _PipelineBase:
         self._device_asked = device
         self.device = resolve_device(device)
         self._mode_types = device_types(self.device.device_type)  # whose autocast state to carry to workers
-        self._event_slots = num_slots + 1  # see runtime.bind_run: inter consumers may lag one iteration
+        self._event_slots = num_slots + plan.reach  # see runtime.bind_run: inter consumers lag up to reach
         ordering.validate_stages(plan)
         self._tasks = build_tasks(plan, self.device)
         shared = shared_streams(self._tasks)

@@ -276,8 +276,8 @@ class Run:
             if done[task.index] > iter_idx:
                 continue
             missing = [f"{names[d]!r} (iteration {iter_idx})" for d, _ in task.intra if done[d] <= iter_idx]
-            if iter_idx > 0:
-                missing += [f"{names[d]!r} (iteration {iter_idx - 1})" for d, _ in task.inter if done[d] < iter_idx]
+            missing += [f"{names[d]!r} (iteration {iter_idx - back})" for d, _, back in task.inter
+                        if 0 <= iter_idx - back and done[d] <= iter_idx - back]
             if missing:
                 waits.append(f"{task.name!r} waits for {', '.join(missing)}")
         return waits

@@ -12,6 +12,7 @@ from .signals import Turns
 __all__: List[str] = []
 
 DepRef = Tuple[int, Optional[List[Any]]]  # (dependency's task index, its events if this stream must wait on them)
+BackRef = Tuple[int, Optional[List[Any]], int]  # ... and the distance: the dependency's iteration is i - distance
 
 
 class TaskSpec:
@@ -37,9 +38,9 @@ class TaskSpec:
         self.stream_label = stream_label
         self.globally_ordered = globally_ordered
         self.exec_fn: Callable[[Any], Any] = task.fn
-        # (dependency index, whether it ran on another stream)
+        # (dependency index, whether it ran on another stream[, the distance: iteration i - distance])
         self.intra_deps: List[Tuple[int, bool]] = []
-        self.inter_deps: List[Tuple[int, bool]] = []
+        self.inter_deps: List[Tuple[int, bool, int]] = []
         self.needs_events = False  # a consumer on another stream waits on it, or the caller does at retirement
         self.waits_at_retire = False  # a sink on a side stream: the caller's stream waits on it
         # no producer in its iteration: on a device with events, it waits for the batch to be ready on the
@@ -71,7 +72,7 @@ class BoundTask:
         self.exec_fn = spec.exec_fn  # as the pipeline's settings were when the run started
         self.waits_batch, self.waits_at_retire = spec.waits_batch, spec.waits_at_retire
         self.intra: List[DepRef] = []  # the dependencies, with the producers' events of this run
-        self.inter: List[DepRef] = []
+        self.inter: List[BackRef] = []  # ... and how many iterations back each is
         self.events: Optional[List[Any]] = None
         self.turns: Optional[Turns] = None  # the run's sequencer, if globally ordered
         self.stream_turns: Optional[Turns] = None  # the run's turns on its stream, if it shares the stream
@@ -92,7 +93,7 @@ def build_tasks(plan: PipelinePlan, device: Device) -> List[TaskSpec]:
     by_name = {t.name: t for t in tasks}
     consumed = {d for t in tasks for d in plan.intra[t.name]}
     default = device.default_stream()
-    cross_stream = {d for t in tasks for d in plan.intra[t.name] + plan.inter[t.name]
+    cross_stream = {d for t in tasks for d in plan.intra[t.name] + [d for d, _ in plan.inter[t.name]]
                     if by_name[d].stream != t.stream}
     groups_on: Dict[int, Set[str]] = {}
     for t in tasks:
@@ -103,7 +104,8 @@ def build_tasks(plan: PipelinePlan, device: Device) -> List[TaskSpec]:
         t.needs_events = device.uses_events and (t.name in cross_stream or t.waits_at_retire)
         t.waits_batch = device.uses_events and not plan.intra[t.name]
         t.intra_deps = [(by_name[d].index, by_name[d].stream != t.stream) for d in plan.intra[t.name]]
-        t.inter_deps = [(by_name[d].index, by_name[d].stream != t.stream) for d in plan.inter[t.name]]
+        t.inter_deps = [(by_name[d].index, by_name[d].stream != t.stream, distance)
+                        for d, distance in plan.inter[t.name]]
     for t, reach in zip(tasks, _consumers(plan)):
         t.consumers = tuple(by_name[name].index for name in reach)
     return tasks
@@ -113,7 +115,7 @@ def _consumers(plan: PipelinePlan) -> List[List[str]]:
     """Per task (in plan order), the tasks that depend on it directly or through others, in either iteration."""
     users: Dict[str, List[str]] = {name: [] for name in plan.task_names}
     for task in plan.task_names:
-        for dep in plan.intra[task] + plan.inter[task]:
+        for dep in plan.intra[task] + [d for d, _ in plan.inter[task]]:
             users[dep].append(task)
     found = []
     for name in plan.task_names:
@@ -159,9 +161,10 @@ def bind_run(tasks: List[TaskSpec], device: Device, event_slots: int, default: A
     it): tasks on the device's default stream run on it. On a device that tracks memory,
     each task learns the streams its context tensors are kept alive for (``keep_for``).
 
-    With ``event_slots = depth + 1`` a slot is reused by iteration ``i + depth + 1`` at the
-    earliest, which is only enqueued after iteration ``i + 1`` (the last possible consumer
-    of ``i``) has retired.
+    With ``event_slots = live + reach`` (``live``: the most iterations alive at once;
+    ``reach``: the furthest distance of an inter-iteration dependency) a slot is reused by
+    iteration ``i + live + reach`` at the earliest, which enters only after iteration
+    ``i + reach`` (the last possible consumer of ``i``) has retired.
     """
     device_default = device.default_stream()
     bound = [BoundTask(t, default if t.stream is device_default else t.stream) for t in tasks]
@@ -179,7 +182,7 @@ def bind_run(tasks: List[TaskSpec], device: Device, event_slots: int, default: A
             b.stream_turns = on_stream.setdefault(id(b.stream), Turns(f"stream {b.stream_label!r}"))
     for b in bound:
         b.intra = [(d, bound[d].events if cross else None) for d, cross in b.spec.intra_deps]
-        b.inter = [(d, bound[d].events if cross else None) for d, cross in b.spec.inter_deps]
+        b.inter = [(d, bound[d].events if cross else None, distance) for d, cross, distance in b.spec.inter_deps]
         b.plain = b.turns is None and b.stream_turns is None and not b.keep_for and b.events is None
     return bound
 

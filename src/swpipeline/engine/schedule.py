@@ -47,7 +47,7 @@ class Slot:
     shares_stream: bool  # its stream is used by several thread groups: runs in its turn on the stream
     stream_key: int  # identifies the stream (two streams may show the same label)
     intra: Tuple[int, ...]  # plan indices of its intra-iteration dependencies
-    inter: Tuple[int, ...]  # ... and of its inter-iteration ones (iteration i - 1)
+    inter: Tuple[Tuple[int, int], ...]  # ... and of its inter-iteration ones, with distances: (index, d), i - d
     takes_turns: bool = False  # ordered or shares_stream: its units run in their turn (set by build)
 
     def __post_init__(self) -> None:
@@ -93,7 +93,8 @@ class Schedule:
             sched, key = plan.schedules[name], id(stream_keys[name])
             return Slot(name, index[name], position, sched.stage, sched.thread_group, stream_labels[name],
                         sched.globally_ordered, len(groups_on[key]) > 1, key,
-                        tuple(index[d] for d in plan.intra[name]), tuple(index[d] for d in plan.inter[name]))
+                        tuple(index[d] for d in plan.intra[name]),
+                        tuple((index[d], distance) for d, distance in plan.inter[name]))
 
         order = ordering.enqueue_order(plan, stream_keys)
         slots = tuple(slot(name, k) for k, name in enumerate(order))
@@ -268,7 +269,7 @@ class Schedule:
             _, slot, it = unit
             if any((d, it) not in done for d in slot.intra):
                 return False
-            if it > 0 and any((d, it - 1) not in done for d in slot.inter):
+            if any(it >= back and (d, it - back) not in done for d, back in slot.inter):
                 return False
             for line in self.turn_lines(slot):
                 order, k = turn_orders.get(line, ()), turn.get(line, 0)
@@ -351,8 +352,8 @@ class Schedule:
             for group, queue in queues.items():
                 while heads[group] < len(queue):
                     it, slot = queue[heads[group]]
-                    if not (all(is_done(d, it) for d in slot.intra) and all(is_done(d, it - 1) for d in slot.inter)
-                            and my_turn(slot, it)):
+                    if not (all(is_done(d, it) for d in slot.intra)
+                            and all(is_done(d, it - back) for d, back in slot.inter) and my_turn(slot, it)):
                         break
                     done.add((slot.index, it))
                     heads[group] += 1

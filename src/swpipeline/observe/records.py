@@ -88,7 +88,8 @@ class TimelineData:
         tasks: task names in serial (topological) order.
         thread_groups: thread group names, in order of first appearance in the plan.
         streams: stream labels, in order of first appearance in the plan.
-        intra_deps, inter_deps: the plan's dependencies as ``(task, depends_on)`` pairs, and
+        intra_deps, inter_deps: the plan's dependencies as ``(task, depends_on)`` pairs (an
+            inter-iteration one at a distance d > 1: ``(task, depends_on, d)``), and
         globally_ordered: its globally ordered tasks; None where unknown (a timeline read
         from a trace that does not carry them).
     """
@@ -102,7 +103,7 @@ class TimelineData:
     thread_groups: Tuple[str, ...]
     streams: Tuple[str, ...]
     intra_deps: Optional[Tuple[Tuple[str, str], ...]] = None
-    inter_deps: Optional[Tuple[Tuple[str, str], ...]] = None
+    inter_deps: Optional[Tuple[Union[Tuple[str, str], Tuple[str, str, int]], ...]] = None
     globally_ordered: Optional[Tuple[str, ...]] = None
 
     @property

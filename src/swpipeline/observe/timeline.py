@@ -240,7 +240,8 @@ class Recorder:
             tasks=self._serial_order, thread_groups=tuple(dict.fromkeys(t.group for t in self._tasks)),
             streams=tuple(dict.fromkeys(t.stream_label for t in self._tasks)),
             intra_deps=tuple((t.name, names[d]) for t in self._tasks for d, _ in t.spec.intra_deps),
-            inter_deps=tuple((t.name, names[d]) for t in self._tasks for d, _ in t.spec.inter_deps),
+            inter_deps=tuple((t.name, names[d]) if back == 1 else (t.name, names[d], back)  # as declared
+                             for t in self._tasks for d, _, back in t.spec.inter_deps),
             globally_ordered=tuple(t.name for t in self._tasks if t.spec.globally_ordered))
         self._cached = ((len(raw), self._closed_at), timeline)
         return timeline

@@ -4,13 +4,14 @@ A :class:`PipelinePlan` is a value. Building one checks everything that does not
 depend on the engine: types, names, references, self-dependencies and cycles among
 the intra-iteration dependencies. The two stage rules (an intra-iteration
 dependency sits at its task's stage or an earlier one; an inter-iteration dependency
-at most one stage later) are engine rules, checked when an engine is built (see
+at distance ``d`` at most ``d`` stages later) are engine rules, checked when an engine is built (see
 ``ordering.validate_stages``).
 
 Guarantees this module gives to the rest of the package:
 
 * ``PipelinePlan.tasks`` lists every task once, in declaration order, and every
-  dependency in ``intra``/``inter`` names one of them;
+  dependency in ``intra``/``inter`` names one of them; ``inter`` holds ``(name, distance)``
+  pairs, each distance an int >= 1, one per dependency (the smallest declared);
 * the intra-iteration dependency graph is acyclic;
 * ``TaskSchedule`` fields have the right types, and every scheduled stage is >= 0.
 """
@@ -122,6 +123,11 @@ class IterContext:
         self._swp_batch = batch  # the slots behind the read-only fields
         self._swp_iter = iter_idx
         object.__setattr__(self, "__dict__", _ContextAttrs(iter_idx))
+
+    def __swp_context__(self) -> "IterContext":
+        """The context itself; a stand-in for it (the recording view the checks hand a task) gives the context
+        it stands for. Helpers that keep per-iteration state (``WeightVersions``) key it by this object."""
+        return self
 
     def _swp_free(self, names: Sequence[str]) -> None:
         """The engine deletes ``names`` early: no declared task uses them any more in this iteration."""
@@ -293,6 +299,9 @@ def _check_stream(spec: StreamSpec) -> None:
 
 TaskRef = Union[PipelineTask, str]
 Dependency = Tuple[TaskRef, TaskRef]
+InterDependency = Union[Tuple[TaskRef, TaskRef], Tuple[TaskRef, TaskRef, int]]  # (task, depends_on[, distance])
+Back = Tuple[str, int]  # an inter-iteration dependency resolved: (task name, distance)
+InterEntry = Union[Tuple[str, str], Tuple[str, str, int]]  # one by name, as declared: (task, dep[, distance])
 
 
 class NamedOnlyTask(PipelineTask):
@@ -321,7 +330,9 @@ class PipelinePlan:
             and printed but not run.
         intra_iter_deps: ``(task, depends_on)`` pairs within one iteration.
         inter_iter_deps: ``(task, depends_on)`` pairs: task at iteration ``i`` needs
-            ``depends_on`` at iteration ``i - 1``.
+            ``depends_on`` at iteration ``i - 1``; or ``(task, depends_on, d)`` triples: at
+            iteration ``i - d`` (``d >= 1``; a pair is ``d = 1``). Each task's iterations run in
+            order, so a dependency declared at two distances keeps the smaller.
         pipeline_depth: ``max(stage) + 1``; inferred when omitted, checked when given.
 
     Raises:
@@ -332,7 +343,7 @@ class PipelinePlan:
 
     schedule: Union[Mapping[Any, TaskSchedule], Sequence[Tuple[Any, TaskSchedule]]]  # keys: TaskRef
     intra_iter_deps: Sequence[Dependency] = field(default_factory=list)
-    inter_iter_deps: Sequence[Dependency] = field(default_factory=list)
+    inter_iter_deps: Sequence[InterDependency] = field(default_factory=list)
     pipeline_depth: Optional[int] = None
 
     def __post_init__(self) -> None:
@@ -340,7 +351,7 @@ class PipelinePlan:
         self.schedules: Dict[str, TaskSchedule] = {}
         self._collect_tasks()
         self.intra: Dict[str, List[str]] = self._resolve_deps("intra_iter_deps", self.intra_iter_deps)
-        self.inter: Dict[str, List[str]] = self._resolve_deps("inter_iter_deps", self.inter_iter_deps)
+        self.inter: Dict[str, List[Back]] = self._resolve_inter(self.inter_iter_deps)
         for name, deps in self.intra.items():
             if name in deps:
                 raise ValueError(
@@ -440,6 +451,29 @@ class PipelinePlan:
                 resolved[task].append(dep)
         return resolved
 
+    def _resolve_inter(self, deps: object) -> Dict[str, List[Back]]:
+        where = "inter_iter_deps"
+        if isinstance(deps, (str, bytes)) or not isinstance(deps, (list, tuple)):
+            raise TypeError(f"{where} must be a list of (task, depends_on) pairs or (task, depends_on, distance) "
+                            f"triples, got {type(deps).__name__}")
+        nearest: Dict[str, Dict[str, int]] = {t.name: {} for t in self.tasks}
+        for entry in deps:
+            if not (isinstance(entry, tuple) and len(entry) in (2, 3)):
+                raise TypeError(f"{where}: entries must be (task, depends_on) pairs or (task, depends_on, distance) "
+                                f"triples, got {entry!r}")
+            task, dep = self._resolve(where, entry[0]), self._resolve(where, entry[1])
+            distance = entry[2] if len(entry) == 3 else 1
+            if isinstance(distance, bool) or not isinstance(distance, int):
+                raise TypeError(f"{where}: the distance of ({task!r}, {dep!r}) must be an int >= 1 (the task at "
+                                f"iteration i needs {dep!r} at iteration i - distance), got {distance!r}")
+            if distance < 1:
+                raise ValueError(f"{where}: the distance of ({task!r}, {dep!r}) is {distance}; it must be >= 1 (the "
+                                 f"task at iteration i needs {dep!r} at iteration i - distance); a dependency in the "
+                                 f"same iteration goes in intra_iter_deps")
+            known = nearest[task].get(dep)
+            nearest[task][dep] = distance if known is None else min(known, distance)
+        return {task: list(found.items()) for task, found in nearest.items()}
+
     # -- queries ------------------------------------------------------------------------------
 
     @property
@@ -454,6 +488,17 @@ class PipelinePlan:
 
     def stage(self, name: str) -> int:
         return self.schedules[name].stage
+
+    def inter_entries(self) -> List[InterEntry]:
+        """The inter-iteration dependencies as declared, by name: ``(task, dep)`` at distance 1, else
+        ``(task, dep, distance)``."""
+        return [(task, dep) if back == 1 else (task, dep, back) for task in self.task_names
+                for dep, back in self.inter[task]]
+
+    @property
+    def reach(self) -> int:
+        """How many iterations back the furthest inter-iteration dependency reaches (1 when there is none)."""
+        return max([1] + [d for deps in self.inter.values() for _, d in deps])
 
 
 def _check_acyclic(names: List[str], deps: Dict[str, List[str]]) -> None:

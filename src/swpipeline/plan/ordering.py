@@ -13,9 +13,10 @@ Period, stage and iteration (clock-driven engine)::
     stage 2:  --    --    i0    i1
 
 A dependency is *period-local* when producer and consumer of it run in the same
-period: an intra-iteration pair with equal stages, or an inter-iteration pair whose
-producer's stage is the consumer's plus one (k = 1). Only those edges constrain the
-order inside a period; every other dependency was produced in an earlier period.
+period: an intra-iteration pair with equal stages, or an inter-iteration one at
+distance ``d`` whose producer's stage is the consumer's plus ``d`` (iteration ``i - d``
+at stage ``s + d`` runs in period ``i + s``). Only those edges constrain the order
+inside a period; every other dependency was produced in an earlier period.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def validate_stages(plan: PipelinePlan) -> None:
 
     * An intra-iteration dependency is at the same or an earlier stage than its task
       (a later stage would run in a later period: the task would wait for it forever).
-    * An inter-iteration dependency is at most one stage later than its task (its
-      iteration i-1 then runs in the same period as the task's iteration i, or earlier).
+    * An inter-iteration dependency at distance ``d`` (its task at iteration ``i`` needs it
+      at iteration ``i - d``) is at most ``d`` stages later than its task: it then runs in
+      the same period as the task, or earlier.
 
     Raises:
         ValueError: a dependency that breaks one of the rules, naming both tasks and the fix.
@@ -48,15 +50,18 @@ def validate_stages(plan: PipelinePlan) -> None:
                     f"(a later stage runs in a later period: {task!r} would wait for it forever). Raise "
                     f"{task!r}'s stage, lower {dep!r}'s, or use inter_iter_deps if {task!r} needs iteration i-1"
                 )
-    for task, deps in plan.inter.items():
-        for dep in deps:
+    for task, backs in plan.inter.items():
+        for dep, distance in backs:
             gap = plan.stage(dep) - plan.stage(task)
-            if gap > 1:
+            if gap > distance:
+                of = "the previous iteration" if distance == 1 else f"iteration i-{distance}"
                 raise ValueError(
                     f"inter_iter_deps: {task!r} (stage {plan.stage(task)}) depends on {dep!r} "
-                    f"(stage {plan.stage(dep)}) of the previous iteration; the stage gap is {gap} > 1, so "
-                    f"{dep!r} of iteration i-1 would run in a later period than {task!r} of iteration i, which "
-                    f"would wait for it forever. Reduce the gap to <= 1"
+                    f"(stage {plan.stage(dep)}) of {of}; the stage gap is {gap} > {distance}, so {dep!r} of "
+                    f"iteration i-{distance} would run in a later period than {task!r} of iteration i, which "
+                    f"would wait for it forever. A dependency at distance d may be at most d stages later than "
+                    f"its task: reduce the gap to <= {distance}, or, if {task!r} may use an older result of "
+                    f"{dep!r}, declare ({task!r}, {dep!r}, {gap}) in inter_iter_deps"
                 )
 
 
@@ -67,8 +72,8 @@ def period_local_edges(plan: PipelinePlan) -> List[Tuple[str, str]]:
         for dep in plan.intra[task]:
             if plan.stage(dep) == plan.stage(task):
                 edges.append((dep, task))
-        for dep in plan.inter[task]:
-            if plan.stage(dep) == plan.stage(task) + 1:
+        for dep, distance in plan.inter[task]:
+            if plan.stage(dep) == plan.stage(task) + distance:
                 edges.append((dep, task))
     return edges
 

@@ -22,7 +22,7 @@ from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Unio
 
 from .costs import TaskCosts
 from .overheads import EngineOverheads
-from ..plan.model import PipelinePlan, PipelineTask
+from ..plan.model import InterDependency, PipelinePlan, PipelineTask
 from ..analysis.report import PlanAnalysis
 from .kept_orders import Order, analysis_orders, as_dependencies, coerce_orders, orders_dropped
 from .plan_search import Scorer, Space, count_candidates, exhaustive, local, starting_points, valid_stages
@@ -40,7 +40,7 @@ LOCAL_BUDGET = 3000
 
 
 def autoplan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRef, TaskRef]],
-             inter_iter_deps: Sequence[Tuple[TaskRef, TaskRef]], costs: Union[TaskCosts, Mapping[str, Any]], *,
+             inter_iter_deps: Sequence[InterDependency], costs: Union[TaskCosts, Mapping[str, Any]], *,
              max_in_flight: int, thread_groups: Optional[Sequence[str]] = None,
              streams: Optional[Sequence[Optional[str]]] = None, engine: str = "clocked",
              baseline: Optional[PipelinePlan] = None, report: bool = False, **options: Any) -> PipelinePlan:
@@ -49,7 +49,8 @@ def autoplan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRef, 
     Args:
         tasks: the tasks (PipelineTask objects, which the plan will run, or names).
         intra_iter_deps: ``(task, depends_on)`` pairs within one iteration.
-        inter_iter_deps: ``(task, depends_on)`` pairs: ``task`` at iteration i needs ``depends_on`` at i - 1.
+        inter_iter_deps: ``(task, depends_on)`` pairs: ``task`` at iteration i needs ``depends_on`` at i - 1;
+            ``(task, depends_on, d)`` triples: at i - d.
             Declare every dependency the tasks have: the planner may put any two tasks that
             are not ordered by one on different threads, stages and streams.
         costs: a ``TaskCosts`` or a dict of task name -> seconds.
@@ -84,7 +85,7 @@ def autoplan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRef, 
 
 
 def search_plan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRef, TaskRef]],
-                inter_iter_deps: Sequence[Tuple[TaskRef, TaskRef]], costs: Union[TaskCosts, Mapping[str, Any]], *,
+                inter_iter_deps: Sequence[InterDependency], costs: Union[TaskCosts, Mapping[str, Any]], *,
                 max_in_flight: int, thread_groups: Optional[Sequence[str]] = None,
                 streams: Optional[Sequence[Optional[str]]] = None, engine: str = "clocked",
                 baseline: Optional[PipelinePlan] = None, num_iterations: int = 60, tolerance: float = 0.005,

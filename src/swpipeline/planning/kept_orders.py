@@ -27,10 +27,10 @@ listed orders imply.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
-from ..analysis.races import HappensBefore, Placement
-from ..plan.model import PipelinePlan
+from ..analysis.races import HappensBefore, InterDeps, Placement
+from ..plan.model import Back, PipelinePlan
 
 __all__: List[str] = []
 
@@ -119,18 +119,19 @@ def _placed(plan: PipelinePlan) -> List[Order]:
             if task != dep and placement.before(dep, task, distance)]
 
 
-def _with_orders(intra: Mapping[str, Sequence[str]], inter: Mapping[str, Sequence[str]],
-                 orders: Sequence[Order]) -> Tuple[Dict[str, List[str]], Dict[str, List[str]]]:
+def _with_orders(intra: Mapping[str, Sequence[str]], inter: InterDeps,
+                 orders: Sequence[Order]) -> Tuple[Dict[str, List[str]], Dict[str, List[Union[str, Back]]]]:
     merged_intra = {task: list(deps) for task, deps in intra.items()}
-    merged_inter = {task: list(deps) for task, deps in inter.items()}
+    merged_inter: Dict[str, List[Union[str, Back]]] = {task: list(deps) for task, deps in inter.items()}
     for task, dep, distance in orders:
-        target = merged_inter if distance else merged_intra
-        if dep not in target.setdefault(task, []):
-            target[task].append(dep)
+        if distance:
+            merged_inter.setdefault(task, []).append((dep, distance))
+        elif dep not in merged_intra.setdefault(task, []):
+            merged_intra[task].append(dep)
     return merged_intra, merged_inter
 
 
-def _minimal(names: Sequence[str], intra: Mapping[str, Sequence[str]], inter: Mapping[str, Sequence[str]],
+def _minimal(names: Sequence[str], intra: Mapping[str, Sequence[str]], inter: InterDeps,
              orders: Sequence[Order]) -> List[Order]:
     """The orders that the dependencies and the other kept orders do not imply (each checked once, in order)."""
     kept = list(orders)

@@ -92,7 +92,7 @@ def check_search_args(tasks: object, intra: Any, inter: Any, costs: object, max_
     names = tuple(probe.task_names)
     index = {name: k for k, name in enumerate(names)}
     graph = TaskGraph(names, tuple((index[t], index[d]) for t in names for d in probe.intra[t]),
-                      tuple((index[t], index[d]) for t in names for d in probe.inter[t]))
+                      tuple((index[t], index[d], back) for t in names for d, back in probe.inter[t]))
     task_costs = TaskCosts.coerce(costs)
     task_costs.check_covers(names, "autoplan")
     live = _positive_int("max_in_flight", max_in_flight)

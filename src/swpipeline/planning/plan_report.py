@@ -21,7 +21,7 @@ def format_plan(plan: PipelinePlan) -> str:
     lines = _table(["task", "thread", "stream", "stage", "globally ordered"], rows, left=3)
     lines = [line.rstrip() for line in lines]
     intra = [f"{t} <- {d}" for t in plan.task_names for d in plan.intra[t]]
-    inter = [f"{t} <- {d}(i-1)" for t in plan.task_names for d in plan.inter[t]]
+    inter = [f"{t} <- {d}(i-{back})" for t in plan.task_names for d, back in plan.inter[t]]
     if intra or inter:
         lines.append("dependencies: " + ", ".join(intra + inter))
     return "\n".join(lines)

@@ -88,7 +88,7 @@ class Scorer:
                     for k, task in enumerate(space.tasks)}
         names = space.graph.names
         return PipelinePlan(schedule, [(names[t], names[d]) for t, d in space.graph.intra],
-                            [(names[t], names[d]) for t, d in space.graph.inter])
+                            [(names[t], names[d], back) for t, d, back in space.graph.inter])
 
     def _group_names(self, groups: Sequence[int]) -> Dict[int, str]:
         """Blocks holding a pinned task get its group; the others the remaining names, heaviest first."""
@@ -247,7 +247,8 @@ def valid_stages(space: Space, stages: Tuple[int, ...]) -> bool:
     if max(stages) >= space.max_in_flight or min(stages) < 0:
         return False
     g = space.graph
-    return all(stages[d] <= stages[t] for t, d in g.intra) and all(stages[d] <= stages[t] + 1 for t, d in g.inter)
+    return all(stages[d] <= stages[t] for t, d in g.intra) and \
+        all(stages[d] <= stages[t] + back for t, d, back in g.inter)
 
 
 def starting_points(space: Space, scorer: Scorer, baseline: Optional[Candidate]) -> List[Candidate]:

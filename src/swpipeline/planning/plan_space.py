@@ -43,7 +43,7 @@ class TaskGraph:
 
     names: Tuple[str, ...]
     intra: Tuple[Tuple[int, int], ...]  # (task, depends_on), same iteration
-    inter: Tuple[Tuple[int, int], ...]  # (task, depends_on at i - 1)
+    inter: Tuple[Tuple[int, int, int], ...]  # (task, depends_on at i - d, d)
 
     @property
     def n(self) -> int:
@@ -67,12 +67,12 @@ def stage_vectors(graph: TaskGraph, max_in_flight: int) -> List[Tuple[int, ...]]
     """Every stage assignment that follows the stage rules, with stages 0 .. max_in_flight-1 and a task at 0."""
     order = graph.topological()
     intra_deps: Dict[int, List[int]] = {t: [] for t in range(graph.n)}
-    inter_pairs: Dict[int, List[Tuple[int, int]]] = {t: [] for t in range(graph.n)}
+    inter_pairs: Dict[int, List[Tuple[int, int, int]]] = {t: [] for t in range(graph.n)}
     for task, dep in graph.intra:
         intra_deps[task].append(dep)
-    for task, dep in graph.inter:  # stage[dep] <= stage[task] + 1, checked once both are placed
-        inter_pairs[task].append((task, dep))
-        inter_pairs[dep].append((task, dep))
+    for task, dep, back in graph.inter:  # stage[dep] <= stage[task] + back, checked once both are placed
+        inter_pairs[task].append((task, dep, back))
+        inter_pairs[dep].append((task, dep, back))
     out: List[Tuple[int, ...]] = []
     stages = [-1] * graph.n
 
@@ -85,7 +85,8 @@ def stage_vectors(graph: TaskGraph, max_in_flight: int) -> List[Tuple[int, ...]]
         low = max((stages[d] for d in intra_deps[task]), default=0)  # placed already: topological order
         for stage in range(low, max_in_flight):
             stages[task] = stage
-            if all(stages[t] < 0 or stages[d] < 0 or stages[d] <= stages[t] + 1 for t, d in inter_pairs[task]):
+            if all(stages[t] < 0 or stages[d] < 0 or stages[d] <= stages[t] + back
+                   for t, d, back in inter_pairs[task]):
                 place(k + 1)
         stages[task] = -1
 
@@ -149,13 +150,14 @@ class Bounds:
         return max(finish.values(), default=0.0)
 
     def _recurrence(self, thread_costs: Sequence[Sequence[float]]) -> float:
-        """The largest chain ``t -> ... -> d`` (intra) closed by ``t(i)`` needing ``d(i-1)``, over all iterations."""
+        """The largest chain ``t -> ... -> d`` (intra) closed by ``t(i)`` needing ``d(i-k)``, over all iterations,
+        per iteration it spans (divided by ``k``)."""
         graph, best = self.graph, 0.0
         deps: Dict[int, List[int]] = {t: [] for t in range(graph.n)}
         for task, dep in graph.intra:
             deps[task].append(dep)
         order = graph.topological()
-        for task, dep in graph.inter:
+        for task, dep, back in graph.inter:
             total = 0.0
             for i in range(len(thread_costs[0]) if thread_costs else 0):
                 reach: Dict[int, float] = {}
@@ -169,7 +171,7 @@ class Bounds:
                     total = 0.0
                     break
                 total += reach[dep]
-            best = max(best, total)
+            best = max(best, total / back)
         return best
 
     def of_groups(self, groups: Sequence[int]) -> float:

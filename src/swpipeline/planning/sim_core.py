@@ -311,13 +311,14 @@ class Simulation:
                 return None
             if e > t:
                 t, why, ref = e + wake, DEP, base + d
-        if it > 0:
-            for d in c.inter[task]:
-                e = end[base - n + d]
+        for d, back in c.inter[task]:
+            if it >= back:
+                ref_back = base - back * n + d
+                e = end[ref_back]
                 if e < 0:
                     return None
                 if e > t:
-                    t, why, ref = e + wake, DEP, base - n + d
+                    t, why, ref = e + wake, DEP, ref_back
         task_lines = c.lines_of[task]
         if task_lines:
             lines, key = self.seq.lines, base + task
@@ -371,10 +372,9 @@ class Simulation:
         for d in c.intra[task]:
             if c.stream_of[d] != stream:
                 begin = max(begin, self.dev_end[it * n + d])
-        if it > 0:
-            for d in c.inter[task]:
-                if c.stream_of[d] != stream:
-                    begin = max(begin, self.dev_end[(it - 1) * n + d])
+        for d, back in c.inter[task]:
+            if it >= back and c.stream_of[d] != stream:
+                begin = max(begin, self.dev_end[(it - back) * n + d])
         finish = max(begin + costs[it], launch_end)
         self.dev_start[key], self.dev_end[key] = begin, finish
         self.stream_free[stream] = finish

@@ -43,7 +43,7 @@ class CompiledPlan:
     stream_of: Tuple[int, ...]  # task -> stream index
     streams: Tuple[str, ...]  # stream labels
     intra: Tuple[Tuple[int, ...], ...]  # task -> its intra-iteration dependencies
-    inter: Tuple[Tuple[int, ...], ...]  # task -> its inter-iteration dependencies (iteration i - 1)
+    inter: Tuple[Tuple[Tuple[int, int], ...], ...]  # task -> its inter-iteration ones: (task, d), iteration i - d
     lines_of: Tuple[Tuple[int, ...], ...]  # task -> the turn lines it takes turns on
     num_lines: int
     serial_order: Tuple[int, ...]
@@ -81,7 +81,7 @@ def compile_plan(plan: PipelinePlan) -> CompiledPlan:
         plan=plan, schedule=schedule, names=tuple(plan.task_names), depth=schedule.depth, groups=groups,
         group_of=tuple(group_index[t.group] for t in tasks), stream_of=tuple(stream_of), streams=tuple(labels),
         intra=tuple(tuple(index[d] for d in plan.intra[n]) for n in plan.task_names),
-        inter=tuple(tuple(index[d] for d in plan.inter[n]) for n in plan.task_names),
+        inter=tuple(tuple((index[d], back) for d, back in plan.inter[n]) for n in plan.task_names),
         lines_of=tuple(lines_of), num_lines=len(line_ids),
         serial_order=tuple(index[n] for n in ordering.serial_order(plan)))
 

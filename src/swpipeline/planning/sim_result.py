@@ -53,7 +53,7 @@ class SimArrays:
     device_end: Sequence[float] = ()
     device_tasks: Tuple[bool, ...] = ()  # per task: has a device time
     intra: Tuple[Tuple[int, ...], ...] = ()  # per task: its intra-iteration dependencies (task indices)
-    inter: Tuple[Tuple[int, ...], ...] = ()  # ... and its inter-iteration ones
+    inter: Tuple[Tuple[Tuple[int, int], ...], ...] = ()  # ... and its inter-iteration ones: (task, distance)
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ class SimResult:
         task, it = a.tasks.index(unit.task), unit.iteration
         waits = []
         deps = [(d, it) for d in (a.intra[task] if a.intra else ())]
-        deps += [(d, it - 1) for d in (a.inter[task] if a.inter and it > 0 else ())]
+        deps += [(d, it - back) for d, back in (a.inter[task] if a.inter else ()) if it >= back]
         for dep, dep_it in deps:
             end = a.end[dep_it * n + dep]
             if end > unit.picked:

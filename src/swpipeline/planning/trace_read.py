@@ -21,7 +21,7 @@ import math
 import os
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from ..plan.model import PipelinePlan, TaskSchedule
+from ..plan.model import InterDependency, PipelinePlan, TaskSchedule
 from ..observe.records import DependencyWait, TaskRecord
 from ..observe.timeline import Timeline
 from ..observe.trace_export import STREAMS_PID, THREADS_PID
@@ -216,9 +216,14 @@ def declared_plan(other: Dict[str, Any], tasks: Sequence[str], file: str) -> Opt
             raise TraceError(f"{where}.{key} is not a list; {FROM_RUN}")
         for entry in entries:
             names = entry if key != "globally_ordered" else [entry]
+            if isinstance(names, list) and key == "inter" and len(names) == 3 and \
+                    isinstance(names[2], int) and not isinstance(names[2], bool) and names[2] >= 1:
+                names = names[:2]  # [task, depends_on, distance]
             if not isinstance(names, list) or len(names) != (1 if key == "globally_ordered" else 2) or \
                     not all(isinstance(n, str) for n in names):
                 shape = "a task name" if key == "globally_ordered" else "a [task, depends_on] pair of task names"
+                if key == "inter":
+                    shape += " (or a [task, depends_on, distance] triple)"
                 raise TraceError(f"{where}.{key} holds {entry!r}, not {shape}; {FROM_RUN}")
             unknown = [n for n in names if n not in known]
             if unknown:
@@ -243,7 +248,8 @@ def plan_from_timeline(timeline: Timeline, declared: Optional[Dict[str, Any]] = 
                                    globally_ordered=name in ordered) for name in timeline.tasks}
     if declared and "intra" in declared:
         intra = [(str(t), str(d)) for t, d in declared.get("intra", ())]
-        inter = [(str(t), str(d)) for t, d in declared.get("inter", ())]
+        inter: List[InterDependency] = [(str(e[0]), str(e[1]), int(e[2])) if len(e) == 3 else (str(e[0]), str(e[1]))
+                                       for e in declared.get("inter", ())]
         return PipelinePlan(schedule, intra, inter), True
     intra_set, inter_set = _observed(timeline)
     stage = {name: s.stage for name, s in schedule.items()}

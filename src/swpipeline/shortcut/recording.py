@@ -285,6 +285,9 @@ class RecordingView(IterContext):
     def __delattr__(self, name: str) -> None:
         _journal_of(self).del_attr(name)
 
+    def __swp_context__(self) -> IterContext:  # the context this view stands for (a dunder: read without a note)
+        return _journal_of(self).target
+
     def __eq__(self, other: object) -> bool:
         target = _journal_of(self).target
         if isinstance(other, RecordingView):
