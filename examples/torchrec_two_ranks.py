@@ -83,6 +83,7 @@ def main():
     equal = torch.equal(theirs, ours)
     print(f"rank {rank}: {len(ours)} steps, loss {ours[0]:.4f} -> {ours[-1]:.4f}; "
           f"losses bitwise equal to TorchRec's: {'yes' if equal else 'NO'}", flush=True)
+    dist.barrier()  # both ranks are done with every collective before either tears the group down
     dist.destroy_process_group()
     assert equal
 

@@ -30,7 +30,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..plan.model import IterContext
-from .release import ALL, Entries, ReleaseRule
+from .release import ALL, Entries, Released, ReleaseRule
 from .schedule import Position, Schedule, Slot
 
 if TYPE_CHECKING:
@@ -54,6 +54,8 @@ class HandOut:
         self.yield_after_hand_out = yield_after_hand_out  # see fill
         self._puts: List[Tuple[str, Callable[..., None]]] = []
         self._fetch: Optional["functools.partial[Optional[IterContext]]"] = None  # see _fetch_from
+        self._fetch_iter: Optional[Iterator[Any]] = None  # the data iterator _fetch draws from
+        self._through = functools.partial(rule.caller_through, self.entries)  # (called once per progress)
 
     # -- what the engine calls -----------------------------------------------------------------------
 
@@ -75,24 +77,28 @@ class HandOut:
         fetch = self._fetch_from(data_iter)
         for _ in range(self.rule.fill_steps):
             self.rule.fill_step(self.entries, fetch)
-            self._hand_out()
+            self._hand_out(self.rule.released(self.entries))
 
     def after_retire(self, oldest: int, data_iter: Optional[Iterator[Any]]) -> None:
-        self.entries.retire(oldest)
-        self.rule.after_retire(self.entries, None if data_iter is None else self._fetch_from(data_iter))
-        self._hand_out()
+        fetch: Optional[Callable[[], Optional[IterContext]]] = self._fetch
+        if data_iter is None:
+            fetch = None
+        elif fetch is None or self._fetch_iter is not data_iter:
+            fetch = self._fetch_from(data_iter)
+        self._hand_out(self.rule.retired(self.entries, oldest, fetch))
 
     def _fetch_from(self, data_iter: Iterator[Any]) -> Callable[[], Optional[IterContext]]:
         """``run.fetch`` bound to ``data_iter`` (made once per data iterator)."""
         fetch = self._fetch
-        if fetch is None or fetch.args[0] is not data_iter:
+        if fetch is None or self._fetch_iter is not data_iter:
             fetch = self._fetch = functools.partial(self.run.fetch, data_iter)
+            self._fetch_iter = data_iter
         return fetch
 
     def caller_through(self) -> int:
         """The last period whose units of the caller's group this ``progress()`` call runs."""
-        self.ran_through = self.rule.caller_through(self.entries)
-        return self.ran_through
+        self.ran_through = through = self._through()
+        return through
 
     def boundary(self) -> Dict[int, int]:
         """What runs, if nothing more is handed out, of the units handed out (``Schedule.settle``): every one
@@ -128,13 +134,12 @@ class HandOut:
         """The run stopped: drop the contexts still entered (they hold the caller's batches) and the data
         iterator."""
         self.entries.entered.clear()
-        self._fetch = None
+        self._fetch = self._fetch_iter = None
 
     # -- handing out -----------------------------------------------------------------------------------
 
-    def _hand_out(self) -> None:
+    def _hand_out(self, released: Released) -> None:
         entries, schedule = self.entries, self.schedule
-        released = self.rule.released(entries)
         horizon = entries.last_entry + schedule.depth - 1 if entries.ended else ALL  # (Entries.horizon)
         if schedule.turn_slots:
             self._number_turns(min(released.decided, released.through_period, horizon))

@@ -126,6 +126,13 @@ class ReleaseRule:
     def released(self, entries: Entries[T]) -> Released:
         raise NotImplementedError
 
+    def retired(self, entries: Entries[T], oldest: int, fetch: Optional[Fetch[T]]) -> Released:
+        """What the engines do once per iteration, in one call: ``oldest`` retires, ``after_retire``, and how far
+        every order may now be handed out."""
+        entries.retire(oldest)
+        self.after_retire(entries, fetch)
+        return self.released(entries)
+
     def caller_through(self, entries: Entries[T]) -> int:
         """The last period whose units the caller's group runs in one ``progress()`` call: the oldest live
         iteration's last (every period released so far when none is live)."""
@@ -166,6 +173,15 @@ class ClockRule(ReleaseRule):
     def after_retire(self, entries: Entries[T], fetch: Optional[Fetch[T]]) -> None:
         # one tick (drawing its batch unless the step has none or the data ended), then the gaps of
         # _gaps_through_next; written out, since it runs once per iteration
+        self._tick_after_retire(entries, fetch)
+
+    def retired(self, entries: Entries[T], oldest: int, fetch: Optional[Fetch[T]]) -> Released:
+        del entries.entered[entries.entry_of.pop(oldest)]  # (Entries.retire, written out: once per iteration)
+        last = self._tick_after_retire(entries, fetch) - 1
+        return _released((last, last))  # (released)
+
+    def _tick_after_retire(self, entries: Entries[T], fetch: Optional[Fetch[T]]) -> int:
+        """``after_retire``; returns the next entry (every period before it is released)."""
         period = entries.next_entry
         if fetch is not None and not entries.ended:
             item = fetch()
@@ -180,6 +196,7 @@ class ClockRule(ReleaseRule):
             if oldest + self.depth > period + 1:
                 entries.next_entry = oldest + self.depth
             break
+        return entries.next_entry
 
     def _tick(self, entries: Entries[T], fetch: Fetch[T]) -> None:
         if not self._draw(entries, fetch):

@@ -21,7 +21,7 @@ on paper, to find what runs before more is (the step boundary).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, TypeVar
 
 from ..plan import ordering
@@ -78,7 +78,12 @@ class Schedule:
     rows: Tuple[Slot, ...]  # print_schedule's rows: stage-descending, in submission order within a stage
     turn_slots: Tuple[Slot, ...]  # the slots whose units take turns (globally ordered, or on a shared stream)
     lanes: Dict[str, Tuple[Slot, ...]]  # each thread group's slots, in submission order (groups in first-use order)
-    _lane_shape: Dict[str, Tuple[int, bool]]  # per group: its lowest stage, whether a slot of it takes turns
+    # per group: its slots, its lowest stage, whether a slot of it takes turns (derived from ``lanes``)
+    _lane_walks: Dict[str, Tuple[Tuple[Slot, ...], int, bool]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_lane_walks", {g: (v, min(s.stage for s in v), any(s.takes_turns for s in v))
+                                                 for g, v in self.lanes.items()})
 
     @classmethod
     def build(cls, plan: PipelinePlan, stream_labels: Mapping[str, str],
@@ -104,8 +109,7 @@ class Schedule:
         # rows: stage-descending, in submission order within a stage, so that each stream's rows read
         # top to bottom in the order the stream runs them in a period
         return cls(plan.depth, slots, tuple(sorted(slots, key=lambda s: (-s.stage, s.position))),
-                   tuple(s for s in slots if s.takes_turns), {g: tuple(v) for g, v in lanes.items()},
-                   {g: (min(s.stage for s in v), any(s.takes_turns for s in v)) for g, v in lanes.items()})
+                   tuple(s for s in slots if s.takes_turns), {g: tuple(v) for g, v in lanes.items()})
 
     @property
     def stages(self) -> Tuple[int, ...]:
@@ -142,13 +146,13 @@ class Schedule:
         last = through if through < horizon else horizon
         get = entered.get
         out: List[List[Unit[T]]] = []
-        for group in groups if groups is not None else self.lanes:
-            slots = self.lanes[group]
+        walks = self._lane_walks
+        for group in groups if groups is not None else walks:
+            slots, lowest, turns = walks[group]
             period, k = positions[group]
             units: List[Unit[T]] = []
             # Whole periods first: every unit of a period is allowed once its newest entry (that of the
             # group's lowest stage) is decided, and, if the group takes turns, the period itself.
-            lowest, turns = self._lane_shape[group]
             whole = decided if turns else decided + lowest
             if whole > last:
                 whole = last
