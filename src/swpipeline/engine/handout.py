@@ -142,7 +142,7 @@ class HandOut:
         entries, schedule = self.entries, self.schedule
         horizon = entries.last_entry + schedule.depth - 1 if entries.ended else ALL  # (Entries.horizon)
         if schedule.turn_slots:
-            self._number_turns(min(released.decided, released.through_period, horizon))
+            self._number_turns(min(*released, horizon))  # (decided, through_period)
         modes, caller = self.run.modes, self.caller_group
         for (group, put), units in zip(self._puts, schedule.walk_all(self.positions, entries.entered, released,
                                                                       horizon)):

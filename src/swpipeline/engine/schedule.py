@@ -150,12 +150,17 @@ class Schedule:
         for group in groups if groups is not None else walks:
             slots, lowest, turns = walks[group]
             period, k = positions[group]
-            units: List[Unit[T]] = []
             # Whole periods first: every unit of a period is allowed once its newest entry (that of the
             # group's lowest stage) is decided, and, if the group takes turns, the period itself.
             whole = decided if turns else decided + lowest
             if whole > last:
                 whole = last
+            if period == whole and not k:  # exactly one whole period: the clock's every hand-out
+                units: List[Unit[T]] = [(period, slot, item) for slot in slots
+                                        if (item := get(period - slot.stage)) is not None]
+                period += 1
+            else:
+                units = []
             if period <= whole:
                 if k:
                     units += [(period, slot, item) for slot in slots[k:]
@@ -250,7 +255,7 @@ class Schedule:
         def hand_out() -> None:
             released = rule.released(entries)
             horizon = entries.horizon(self.depth)
-            through = min(released.decided, released.through_period, horizon)
+            through = min(*released, horizon)  # (decided, through_period)
             while numbered[0] <= through:
                 for slot in self.turn_slots:
                     it = entries.entered.get(numbered[0] - slot.stage)
@@ -375,7 +380,7 @@ class Schedule:
     def describe(self, num_periods: int) -> str:
         """The first periods as text, one line per period: each thread group's units in its order (``walk``)."""
         entered = {i: i for i in range(num_periods)}
-        released = Released(num_periods - 1, ALL)
+        released: Released = (num_periods - 1, ALL)
         periods: Dict[int, Dict[str, List[Unit[int]]]] = {p: {} for p in range(num_periods)}
         for group in self.lanes:
             for unit in self.walk(group, (0, 0), entered, released)[0]:

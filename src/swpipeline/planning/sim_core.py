@@ -256,7 +256,7 @@ class Simulation:
         if self.created == created:
             self.t += self.o.period  # handing out without a new batch
         released, horizon = rule.released(entries), entries.horizon(self.c.depth)
-        known = min(released.decided, released.through_period, horizon)
+        known = min(*released, horizon)  # (decided, through_period)
         while len(self.known_at) <= known:
             self.known_at.append(self.t)
             self.known_by.append(self.pc)

@@ -105,7 +105,7 @@ def unit_sequences(compiled: CompiledPlan, num_iterations: int) -> UnitSequences
     """The units of ``num_iterations`` iterations, per thread group and per turn line (see the module docstring)."""
     schedule, n = compiled.schedule, compiled.n
     entered = {i: i for i in range(num_iterations)}
-    everything = Released(ALL, ALL)
+    everything: Released = (ALL, ALL)
     horizon = num_iterations + compiled.depth - 2
     tasks: List[List[int]] = []
     iters: List[List[int]] = []
