@@ -50,12 +50,12 @@ class HandOut:
         self.positions: Dict[str, Position] = {group: (0, 0) for group in schedule.lanes}
         self.numbered = 0  # periods whose turn-taking units are numbered
         self.caller_group: Optional[str] = None  # known at fill
-        self.ran_through = -1  # the last period whose units the caller's group has run (see caller_through)
         self.yield_after_hand_out = yield_after_hand_out  # see fill
         self._puts: List[Tuple[str, Callable[..., None]]] = []
         self._fetch: Optional["functools.partial[Optional[IterContext]]"] = None  # see _fetch_from
         self._fetch_iter: Optional[Iterator[Any]] = None  # the data iterator _fetch draws from
-        self._through = functools.partial(rule.caller_through, self.entries)  # (called once per progress)
+        # the last period whose units of the caller's group a progress() call runs (the rule's, bound)
+        self.caller_through: Callable[[], int] = functools.partial(rule.caller_through, self.entries)
 
     # -- what the engine calls -----------------------------------------------------------------------
 
@@ -95,11 +95,6 @@ class HandOut:
             self._fetch_iter = data_iter
         return fetch
 
-    def caller_through(self) -> int:
-        """The last period whose units of the caller's group this ``progress()`` call runs."""
-        self.ran_through = through = self._through()
-        return through
-
     def boundary(self) -> Dict[int, int]:
         """What runs, if nothing more is handed out, of the units handed out (``Schedule.settle``): every one
         that does not wait, directly or through others, on a unit not handed out."""
@@ -112,7 +107,8 @@ class HandOut:
         for group, slots in self.schedule.lanes.items():
             end = self.positions[group]
             if group == self.caller_group:  # it runs only inside progress(): what it ran is done, the rest waits
-                end = min(end, (self.ran_through + 1, 0))
+                caller = self.run.caller
+                end = min(end, (caller.ran_through + 1, 0)) if caller is not None else end
             queue = queues[group] = []
             for period in range(first, end[0] + 1):
                 for k, slot in enumerate(slots):

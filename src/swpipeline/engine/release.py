@@ -117,10 +117,11 @@ class ReleaseRule:
     def released(self, entries: Entries[T]) -> Released:
         raise NotImplementedError
 
-    def retired(self, entries: Entries[T], oldest: int, fetch: Optional[Fetch[T]]) -> Released:
-        """What the engines do once per iteration, in one call: ``oldest`` retires, ``after_retire``, and how far
-        every order may now be handed out."""
-        entries.retire(oldest)
+    def retired(self, entries: Entries[T], oldest: Optional[int], fetch: Optional[Fetch[T]]) -> Released:
+        """What the engines do once per iteration, in one call: ``oldest`` retires (None: it did already),
+        ``after_retire``, and how far every order may now be handed out."""
+        if oldest is not None:
+            entries.retire(oldest)
         self.after_retire(entries, fetch)
         return self.released(entries)
 
@@ -162,17 +163,13 @@ class ClockRule(ReleaseRule):
             self._tick(entries, fetch)
 
     def after_retire(self, entries: Entries[T], fetch: Optional[Fetch[T]]) -> None:
-        # one tick (drawing its batch unless the step has none or the data ended), then the gaps of
-        # _gaps_through_next; written out, since it runs once per iteration
-        self._tick_after_retire(entries, fetch)
+        self.retired(entries, None, fetch)
 
-    def retired(self, entries: Entries[T], oldest: int, fetch: Optional[Fetch[T]]) -> Released:
-        del entries.entered[entries.entry_of.pop(oldest)]  # (Entries.retire, written out: once per iteration)
-        last = self._tick_after_retire(entries, fetch) - 1
-        return last, last  # (released)
-
-    def _tick_after_retire(self, entries: Entries[T], fetch: Optional[Fetch[T]]) -> int:
-        """``after_retire``; returns the next entry (every period before it is released)."""
+    def retired(self, entries: Entries[T], oldest: Optional[int], fetch: Optional[Fetch[T]]) -> Released:
+        # ``oldest`` retires (None: it did already), then one tick (drawing its batch unless the step has none or
+        # the data ended), then the gaps of _gaps_through_next; written out, since it runs once per iteration
+        if oldest is not None:
+            del entries.entered[entries.entry_of.pop(oldest)]  # (Entries.retire)
         period = entries.next_entry
         if fetch is not None and not entries.ended:
             item = fetch()
@@ -182,12 +179,13 @@ class ClockRule(ReleaseRule):
                 entries.entered[period] = item
                 entries.entry_of[entries.drawn] = entries.last_entry = period
                 entries.drawn += 1
-        entries.next_entry = period + 1
-        for oldest in entries.entered:  # the oldest live iteration: its last period must be released
-            if oldest + self.depth > period + 1:
-                entries.next_entry = oldest + self.depth
+        last = period  # every period up to the last released one is decided: its batch entered, or none did
+        for first in entries.entered:  # the oldest live iteration: its last period must be released
+            if first + self.depth > period + 1:
+                last = first + self.depth - 1
             break
-        return entries.next_entry
+        entries.next_entry = last + 1
+        return last, last  # (released)
 
     def _tick(self, entries: Entries[T], fetch: Fetch[T]) -> None:
         if not self._draw(entries, fetch):

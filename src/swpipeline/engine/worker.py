@@ -266,6 +266,7 @@ class CallerWorker(_UnitRunner):
         self._run_unit, self._annotated_unit = run_units
         self._report = report
         self._board = board
+        self.ran_through = -1  # the ``through`` of the last run_queued call: every unit up to it has run
 
     def put(self, units: Sequence[Unit], modes: Optional[Modes] = None, period: Optional[int] = None) -> None:
         """Queue ``units``; ``period``: the (virtual) period they all belong to, if the engine runs the group
@@ -278,6 +279,8 @@ class CallerWorker(_UnitRunner):
         ``through``: stop before the first item of a later period; it and the rest stay queued
         for a later call.
         """
+        if through is not None:
+            self.ran_through = through
         pending = self._queue
         while pending:
             modes, units, period = pending.popleft()
