@@ -425,6 +425,7 @@ def test_forward_backward_and_step_of_three_iterations_on_three_threads() -> Non
 
 # -- refusals and misuse ---------------------------------------------------------------------------------------
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's import
 def test_refuses_a_compiled_module() -> None:
     model = mlp()
     with pytest.raises(ValueError, match=r"compiled \(torch.compile\).*_orig_mod\) and run it uncompiled"):
