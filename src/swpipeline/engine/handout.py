@@ -51,7 +51,7 @@ class HandOut:
         self.numbered = 0  # periods whose turn-taking units are numbered
         self.caller_group: Optional[str] = None  # known at fill
         self.yield_after_hand_out = yield_after_hand_out  # see fill
-        self._puts: List[Tuple[str, Callable[..., None]]] = []
+        self._puts: List[Tuple[Callable[..., None], bool]] = []
         self._fetch: Optional["functools.partial[Optional[IterContext]]"] = None  # see _fetch_from
         self._fetch_iter: Optional[Iterator[Any]] = None  # the data iterator _fetch draws from
         # the last period whose units of the caller's group a progress() call runs (the rule's, bound)
@@ -62,7 +62,8 @@ class HandOut:
     def fill(self, data_iter: Iterator[Any]) -> None:
         run = self.run
         self.caller_group = run.caller.group if run.caller is not None else None
-        self._puts = [(group, run.workers[group].put) for group in self.schedule.lanes]
+        # per group: its queue's put, and whether it takes one item per period (the caller's group)
+        self._puts = [(run.workers[group].put, group == self.caller_group) for group in self.schedule.lanes]
         # With several worker threads, one just handed work may be the bottleneck: let it take the GIL at
         # once instead of after whatever the caller does next. Not when a group runs on the caller's thread:
         # the caller's next job is then that group's units, and yielding would put the workers' first.
@@ -139,12 +140,12 @@ class HandOut:
         horizon = entries.last_entry + schedule.depth - 1 if entries.ended else ALL  # (Entries.horizon)
         if schedule.turn_slots:
             self._number_turns(min(*released, horizon))  # (decided, through_period)
-        modes, caller = self.run.modes, self.caller_group
-        for (group, put), units in zip(self._puts, schedule.walk_all(self.positions, entries.entered, released,
-                                                                      horizon)):
+        modes = self.run.modes
+        for (put, by_period), units in zip(self._puts, schedule.walk_all(self.positions, entries.entered, released,
+                                                                          horizon)):
             if not units:
                 continue
-            if group != caller:
+            if not by_period:
                 put(units, modes)
                 continue
             first = units[0][0]  # the caller's group: one queue item per period (see CallerWorker.run_queued)
