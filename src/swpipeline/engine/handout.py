@@ -5,11 +5,11 @@ Both engines use this one policy; they differ only in their release rule
 entered in which period (``release.Entries``) and, per thread group, how far along the
 group's order (``Schedule.walk``) it has handed out::
 
-    fill / resume     rule.fill: draw the first batches          then hand out
+    fill / resume     rule.fill_step: draw, then hand out, once per step of the fill
     progress()        [the caller's group runs its units up to rule.caller_through]
-                      retire the oldest; rule.after_retire: draw   then hand out
+                      rule.retired: the oldest retires, draw           then hand out
     hand out          number the turns of the newly decided periods, then walk every
-                      group's order as far as rule.released() allows and put what it
+                      group's order as far as the rule released it and put what it
                       passes on the group's queue (the caller's group: one item per
                       period, so that a progress() call can stop at a period)
 
