@@ -30,7 +30,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..plan.model import IterContext
-from .release import ALL, Entries, Released, ReleaseRule
+from .release import Entries, Released, ReleaseRule
 from .schedule import Position, Schedule, Slot
 
 if TYPE_CHECKING:
@@ -81,11 +81,7 @@ class HandOut:
             self._hand_out(self.rule.released(self.entries))
 
     def after_retire(self, oldest: int, data_iter: Optional[Iterator[Any]]) -> None:
-        fetch: Optional[Callable[[], Optional[IterContext]]] = self._fetch
-        if data_iter is None:
-            fetch = None
-        elif fetch is None or self._fetch_iter is not data_iter:
-            fetch = self._fetch_from(data_iter)
+        fetch = None if data_iter is None else self._fetch_from(data_iter)
         self._hand_out(self.rule.retired(self.entries, oldest, fetch))
 
     def _fetch_from(self, data_iter: Iterator[Any]) -> Callable[[], Optional[IterContext]]:
@@ -137,7 +133,7 @@ class HandOut:
 
     def _hand_out(self, released: Released) -> None:
         entries, schedule = self.entries, self.schedule
-        horizon = entries.last_entry + schedule.depth - 1 if entries.ended else ALL  # (Entries.horizon)
+        horizon = entries.horizon(schedule.depth)
         if schedule.turn_slots:
             self._number_turns(min(*released, horizon))  # (decided, through_period)
         modes = self.run.modes
@@ -149,7 +145,7 @@ class HandOut:
                 put(units, modes)
                 continue
             first = units[0][0]  # the caller's group: one queue item per period (see CallerWorker.run_queued)
-            if units[-1][0] == first:  # (the clock hands out one period at a time)
+            if units[-1][0] == first:  # the clock's every hand-out: one period (splitting would cost 0.1 us/task)
                 put(units, modes, first)
                 continue
             start = 0

@@ -155,16 +155,7 @@ class Schedule:
             whole = decided if turns else decided + lowest
             if whole > last:
                 whole = last
-            if period == whole and not k:  # exactly one whole period: the clock's every hand-out
-                units: List[Unit[T]] = [(period, slot, item) for slot in slots
-                                        if (item := get(period - slot.stage)) is not None]
-                if period == last:  # and nothing released past it
-                    positions[group] = (period + 1, 0)
-                    out.append(units)
-                    continue
-                period += 1
-            else:
-                units = []
+            units: List[Unit[T]] = []
             if period <= whole:
                 if k:
                     units += [(period, slot, item) for slot in slots[k:]
