@@ -354,6 +354,19 @@ class Batches:
         return next(self.items)
 
 
+def drive_until_it_raises(pipe: Any, data: Any, path: str) -> None:
+    """``pipe.run(data)``, or a fill and a progress() loop ("advance-false": progress(advance=False), advance())
+    that only an exception ends."""
+    if path == "run":
+        pipe.run(data)
+        return
+    it = pipe.fill_pipeline(data)
+    while True:
+        pipe.progress(it, advance=path != "advance-false")
+        if path == "advance-false":
+            pipe.advance()
+
+
 @pytest.mark.parametrize("path", ["run", "progress-loop", "advance-false"])
 def test_a_failed_run_frees_the_callers_objects_as_soon_as_the_exception_is_dropped(make_pipe: MakePipe,
                                                                                    path: str) -> None:
@@ -370,14 +383,7 @@ def test_a_failed_run_frees_the_callers_objects_as_soon_as_the_exception_is_drop
         big = torch.zeros(1 << 16)  # a local of the caller's frame
         data = Batches(10)
         refs.extend([weakref.ref(big), weakref.ref(data), weakref.ref(data.payload)])
-        if path == "run":
-            pipe.run(data)
-            return
-        it = pipe.fill_pipeline(data)
-        while True:
-            pipe.progress(it, advance=path != "advance-false")
-            if path == "advance-false":
-                pipe.advance()
+        drive_until_it_raises(pipe, data, path)
 
     gc.collect()
     gc.disable()
@@ -410,12 +416,7 @@ def test_a_failed_runs_data_loader_workers_end_when_the_exception_is_dropped(mak
     def train() -> None:
         loader = iter(DataLoader(list(range(32)), batch_size=2, num_workers=2))  # type: ignore[arg-type]
         processes.extend(loader._workers)  # type: ignore[attr-defined]
-        if path == "run":
-            pipe.run(loader)
-        else:
-            it = pipe.fill_pipeline(loader)
-            while True:
-                pipe.progress(it)
+        drive_until_it_raises(pipe, loader, path)
 
     gc.collect()
     gc.disable()
