@@ -222,7 +222,8 @@ class _OperatorAccess(TorchDispatchMode):
 
 
 class DrawObserver(TorchDispatchMode):
-    """A dispatch mode that hands ``drew(key)`` each generator the operators run under it draw from.
+    """A dispatch mode that hands ``drew(key)`` each generator the operators run under it draw from, and
+    ``wrote(key)`` each storage they write by their schema (in place or ``out=``).
 
     The race checker's journal of one task call is one (``checked_call.py``): it is pushed
     with ``push`` on the calling thread's dispatch-mode stack only, for the length of the
@@ -248,6 +249,13 @@ class DrawObserver(TorchDispatchMode):
                            kwargs: Optional[Dict[str, Any]] = None) -> Any:
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
+        for where in _written_arguments(func):
+            value = args[where[0]] if where[0] < len(args) else kwargs.get(where[1])
+            for tensor in (value,) if isinstance(value, torch.Tensor) else value if isinstance(value, (list, tuple)) \
+                    else ():
+                storage = storage_key(tensor) if isinstance(tensor, torch.Tensor) else None
+                if storage is not None:
+                    self.wrote(storage)
         if draws_nothing(func):  # the common case: an operator known to draw nothing
             return result
         key = drawn_from(func, args, kwargs, result)
@@ -257,6 +265,22 @@ class DrawObserver(TorchDispatchMode):
 
     def drew(self, key: GeneratorKey) -> None:
         """One draw from the generator ``key``, by an operator run while this observer was pushed."""
+
+    def wrote(self, key: int) -> None:
+        """An operator run while this observer was pushed wrote to the storage ``key`` (in place or ``out=``)."""
+
+
+_WRITES: Dict[Any, Tuple[Tuple[int, str], ...]] = {}  # operator -> the (position, name) of the arguments it writes
+
+
+def _written_arguments(func: Any) -> Tuple[Tuple[int, str], ...]:
+    """Where an operator's schema says it writes an argument (cached per operator)."""
+    found = _WRITES.get(func)
+    if found is None:
+        schema = getattr(func, "_schema", None)
+        found = _WRITES[func] = tuple((k, arg.name) for k, arg in enumerate(schema.arguments if schema else ())
+                                      if arg.alias_info is not None and arg.alias_info.is_write)
+    return found
 
 
 push: Callable[[DrawObserver], None] = torch._C._push_on_torch_dispatch_stack  # this thread's stack only

@@ -17,7 +17,7 @@ journal's hooks.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Set, Tuple
 
 import torch
 
@@ -59,6 +59,7 @@ class CheckedJournal(Journal, DrawObserver):
 
     watches = WATCHED
     values: Optional[ValueWatch] = None  # the values read, once one could be changed in place
+    written: Optional[Set[int]] = None  # the storages this call's operators wrote, on its thread
 
     def __init__(self, target: IterContext, checker: Checker, log: Log,
                  unit: Unit) -> None:  # (no super().__init__:) the journal's own records are not kept
@@ -101,10 +102,18 @@ class CheckedJournal(Journal, DrawObserver):
         """A draw by an operator of this call: log it with the checker."""
         self.checker._draw(key, self.unit)
 
+    def wrote(self, key: int) -> None:
+        if self.values is not None:  # (only a value read from the context can be a change of it)
+            if self.written is None:
+                self.written = set()
+            self.written.add(key)
+
     def finish(self) -> None:
-        """After the call: each value read that it changed in place is a write of its attribute."""
+        """After the call: each value read that it changed in place is a write of its attribute. A tensor
+        whose storage no operator of this call wrote was changed meanwhile by another thread's task: that
+        task logs the change as its own write, so the report names who changed what."""
         if self.values is not None:
-            for name in self.values.changed():
+            for name in self.values.changed(self.written or set()):
                 self._log(name, MUTATE)
 
 

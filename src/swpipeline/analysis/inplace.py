@@ -13,8 +13,11 @@ compares the probes again when the task returns:
   below the value, at most ``MAX_ITEMS`` items per container.
 
 A change is a write of the attribute the value was read from, made by the task that
-read it. The probes keep the items they compare alive, so an address reused by a new
-object never hides a replacement.
+read it. While tasks run at once (the race checker), a tensor may also change because
+another task changed it meanwhile: the checker then counts the change only when an
+operator on the reading task's thread wrote the tensor's storage (``changed(written)``);
+the task that did write it logs it as its own. The probes keep the items they compare
+alive, so an address reused by a new object never hides a replacement.
 
 What a probe cannot see: a write through memory torch does not count (``t.data``,
 ``t.numpy()``, a pointer handed to native code); tensors without a version counter
@@ -26,9 +29,11 @@ from __future__ import annotations
 
 import collections
 import operator
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
+
+from .naming import storage_key
 
 __all__: List[str] = []
 
@@ -92,10 +97,20 @@ class ValueWatch:
             _probes(value, 0, probes)
             self._watched[key] = (name, value, probes)
 
-    def changed(self) -> List[str]:
-        """The attributes whose watched values changed in place since they were read, in the order first read."""
+    def changed(self, written: Optional[Set[int]] = None) -> List[str]:
+        """The attributes whose watched values changed in place since they were read, in the order first read.
+
+        ``written``: the storages the task's own operators wrote (seen on its thread); a tensor whose
+        version moved but whose storage is not among them was changed by another thread meanwhile,
+        and that change is the other task's write, not this one's.
+        """
         found: List[str] = []
         for name, _, probes in self._watched.values():
-            if name not in found and not all(_same(seen, _seen(obj)) for obj, seen in probes):
+            if name not in found and any(not _same(seen, _seen(obj)) and _own(obj, written) for obj, seen in probes):
                 found.append(name)
         return found
+
+
+def _own(obj: Any, written: Optional[Set[int]]) -> bool:
+    """Whether a change of ``obj`` is the watching task's (``ValueWatch.changed``)."""
+    return written is None or not isinstance(obj, torch.Tensor) or storage_key(obj) in written
