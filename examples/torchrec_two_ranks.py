@@ -7,6 +7,7 @@ sharded DLRM twice, trains one with TorchRec's pipeline and one with swpipeline'
 batches, and checks that the losses are bitwise equal.
 """
 
+import gc
 import os
 import warnings
 
@@ -83,7 +84,11 @@ def main():
     equal = torch.equal(theirs, ours)
     print(f"rank {rank}: {len(ours)} steps, loss {ours[0]:.4f} -> {ours[-1]:.4f}; "
           f"losses bitwise equal to TorchRec's: {'yes' if equal else 'NO'}", flush=True)
-    dist.barrier()  # both ranks are done with every collective before either tears the group down
+    # Free what still holds the process group (models, pipelines and their pending work, some in reference
+    # cycles) while the interpreter is whole, and let both ranks finish every collective, before tearing the
+    # group down: a group destroyed later, at interpreter exit, can abort the process.
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
     assert equal
 
