@@ -22,6 +22,8 @@ import functools
 import threading
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Protocol, Tuple, TypeVar, cast
 
+from .modes import restore_weight_cache, weight_cache_off
+
 if TYPE_CHECKING:
     from .schedule import Work
 
@@ -101,10 +103,12 @@ def driving(method: F) -> F:
     def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
         claim: Claim = (threading.current_thread(), name)
         seat: DriverSeat = self._seat
+        cached = weight_cache_off()  # the caller's tasks run in here (modes.py); its own setting comes back
         try:
             seat.claim(claim, self._occupancy())
             return method(self, *args, **kwargs)
         finally:
             seat.release(claim)
+            restore_weight_cache(cached)
 
     return cast(F, guarded)

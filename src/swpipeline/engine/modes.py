@@ -10,7 +10,19 @@ the caller's own thread would (``run_serial``):
   ``set_grad_enabled``), ``torch.is_inference_mode_enabled()`` (``inference_mode``),
   and autocast per device type (enabled, dtype, weight-cache setting) for the CPU and
   the pipeline's accelerator;
-* not carried: the current stream (each task runs on its own), ``TorchFunctionMode``
+* not carried: autocast's weight cache. torch keeps one cache of autocast's weight
+  casts for the whole process, not one per thread: a cast one thread made (on a GPU,
+  on that thread's stream, perhaps not yet computed) is handed to any other thread
+  that casts the same weight, keeps its value after the weight changes in place, and
+  is freed for all when any thread leaves its outermost autocast region, under
+  kernels still reading it. So every task runs with the cache off
+  (``torch.is_autocast_cache_enabled()`` is False inside a task, also in a task's own
+  ``torch.autocast`` region and in ``run_serial``; on the caller's thread, for each
+  driving call, its data iterator included): each cast is made where it is used,
+  from the weight as it is then. The values are those a serial loop with autocast
+  around its forward computes; the cost is one cast per use of a weight instead of one
+  per region. The caller's own setting is left as it was;
+* not carried either: the current stream (each task runs on its own), ``TorchFunctionMode``
   and dispatch modes and what is built on them (``with torch.device(...)`` as a
   default device, ``FlopCounterMode``, fake tensors), and process-wide settings that
   need no carrying (``set_default_dtype``, RNG state, ``torch.backends`` flags).
@@ -41,7 +53,6 @@ class Modes:
     grad: bool
     inference: bool
     autocast: Tuple[Autocast, ...]
-    autocast_cache: bool
 
     @classmethod
     def capture(cls, device_types: Sequence[str]) -> Optional["Modes"]:
@@ -57,7 +68,7 @@ class Modes:
         inference = torch.is_inference_mode_enabled()
         if grad and not inference and not autocast:
             return None
-        return cls(grad, inference, autocast, torch.is_autocast_cache_enabled())
+        return cls(grad, inference, autocast)
 
     def applied(self) -> ContextManager[Any]:
         """A with-block that sets these modes on the calling thread (and restores the thread's own after)."""
@@ -67,8 +78,27 @@ class Modes:
         else:
             stack.enter_context(torch.set_grad_enabled(self.grad))
         for kind, dtype in self.autocast:
-            stack.enter_context(torch.autocast(kind, dtype=dtype, cache_enabled=self.autocast_cache))
+            stack.enter_context(torch.autocast(kind, dtype=dtype, cache_enabled=False))
         return stack
+
+
+def weight_cache_off() -> bool:
+    """Turn the calling thread's autocast weight cache off (see above); returns whether it was on, for
+    ``restore_weight_cache``. Two plain calls, no with-block: the caller's thread does this per driving call."""
+    on = torch.is_autocast_cache_enabled()
+    if on:
+        torch.set_autocast_cache_enabled(False)
+    return on
+
+
+def restore_weight_cache(was_on: bool) -> None:
+    if was_on:
+        torch.set_autocast_cache_enabled(True)
+
+
+def weight_cache_off_for_this_thread() -> None:
+    """For a worker thread, at its start: its tasks' own autocast regions cache no weight casts."""
+    torch.set_autocast_cache_enabled(False)
 
 
 def device_types(kind: str) -> Tuple[str, ...]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, List
 from ..devices.annotations import profiler_active, run_annotated
 from ..errors import annotate, stop_iteration_error
 from ..plan.model import IterContext
+from .modes import restore_weight_cache, weight_cache_off
 from ..observe.progress_line import ProgressLine, len_or_none
 
 if TYPE_CHECKING:
@@ -46,6 +47,14 @@ class SerialBaseline:
         """One iteration: every task in serial order on a new context; returns the context."""
         ctx = IterContext(batch, iter_idx)
         annotate_ranges = nvtx or profiler_active()
+        cached = weight_cache_off()  # as for every task of a pipelined run (modes.py)
+        try:
+            self._tasks(ctx, iter_idx, annotate_ranges, nvtx)
+        finally:
+            restore_weight_cache(cached)
+        return ctx
+
+    def _tasks(self, ctx: IterContext, iter_idx: int, annotate_ranges: bool, nvtx: bool) -> None:
         for task in self.order:
             try:
                 if annotate_ranges:
@@ -56,7 +65,6 @@ class SerialBaseline:
                 raise annotate(stop_iteration_error(exc, task.name, iter_idx), task.name, iter_idx) from exc
             except BaseException as exc:
                 raise annotate(exc, task.name, iter_idx)
-        return ctx
 
     def run(self, data_iter: Iterable[Any], verbose: bool, nvtx: bool) -> float:
         """Every batch, one iteration after another; the device synchronized at the end; returns seconds."""

@@ -41,8 +41,7 @@ from typing import Any, Callable, Deque, List, Optional, Protocol, Sequence, Tup
 import torch
 
 from ..devices.annotations import profiler_active
-from .modes import Modes
-
+from .modes import Modes, weight_cache_off_for_this_thread
 from .schedule import Work as Unit
 
 __all__: List[str] = []
@@ -227,6 +226,7 @@ class Worker(_UnitRunner):
 
     def _serve(self) -> None:
         name_os_thread(self.thread.name)
+        weight_cache_off_for_this_thread()
         try:
             self._enter_thread()
         except BaseException as exc:

@@ -122,11 +122,13 @@ class MiniBatch:
     def cell_state(self, micro_batch: int, partition: int) -> contextlib.ExitStack:
         """The caller's autocast regions, and the cell's own random numbers, for a cell's (re)computation.
 
-        Grad mode is set by each step itself (it differs between forward and recompute).
+        Grad mode is set by each step itself (it differs between forward and recompute). Autocast
+        caches no weight casts: torch's cache is one for the whole process, and a recomputation runs
+        on autograd's thread while other partitions run on theirs.
         """
         stack = contextlib.ExitStack()
         for device_type, dtype in self.autocast:
-            stack.enter_context(torch.autocast(device_type, dtype=dtype))
+            stack.enter_context(torch.autocast(device_type, dtype=dtype, cache_enabled=False))
         if self.seed is not None:
             stack.enter_context(CellRandomness(self.seed, micro_batch, partition))
         return stack
