@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from copy import deepcopy
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 import torch
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from swpipeline import SimulatedDevice, SWPipeline
 from swpipeline.embcache import EmbCacheTrainPipeline, HostEmbeddingBag, SwapPlan, format_trace
 from swpipeline.embcache.directory import CacheDirectory
-from swpipeline.embcache.optim import RowOptimizer
+from swpipeline.embcache.optim import RowOptimizer, torch_defaults_to_foreach
 
 N, D, LR_EMB, LR_DENSE = 600, 8, 0.05, 0.1
 Batch = Dict[str, torch.Tensor]
@@ -110,18 +110,24 @@ def emb(model: Model) -> HostEmbeddingBag:
 # -- the update rule --------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+@pytest.mark.parametrize("foreach", [None, False, True])
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
 @pytest.mark.parametrize("dim", [7, 16, 33])
-def test_row_update_equals_torch_optim_on_the_whole_table(optimizer: str, dim: int) -> None:
+def test_row_update_equals_torch_optim_on_the_whole_table(optimizer: str, dim: int, foreach: Optional[bool],
+                                                          device: str) -> None:
+    # foreach=None: torch's default path on the device (single-tensor on the CPU, multi-tensor on a GPU,
+    # where Adagrad's two paths round differently); True / False: that path explicitly.
     gen = torch.Generator().manual_seed(dim)
-    table = torch.nn.Parameter(torch.randn(300, dim, generator=gen))
-    reference = (torch.optim.SGD if optimizer == "sgd" else torch.optim.Adagrad)([table], lr=0.3)
-    rows, state = table.detach().clone(), torch.zeros(300, dim)
-    rule = RowOptimizer(optimizer, 0.3)
+    table = torch.nn.Parameter(torch.randn(300, dim, generator=gen).to(device))
+    reference = (torch.optim.SGD if optimizer == "sgd" else torch.optim.Adagrad)([table], lr=0.3, foreach=foreach)
+    rows, state = table.detach().clone(), torch.zeros(300, dim, device=device)
+    rule = RowOptimizer(optimizer, 0.3, foreach=foreach)
     for _ in range(5):
-        used = torch.unique(torch.randint(0, 300, (40,), generator=gen))
-        grad = torch.zeros(300, dim)
-        grad[used] = torch.randn(used.numel(), dim, generator=gen)
+        used = torch.unique(torch.randint(0, 300, (40,), generator=gen)).to(device)
+        grad = torch.zeros(300, dim, device=device)
+        grad[used] = torch.randn(used.numel(), dim, generator=gen).to(device)
         table.grad = grad
         reference.step()
         part, part_state = rows[used], state[used]
@@ -130,6 +136,12 @@ def test_row_update_equals_torch_optim_on_the_whole_table(optimizer: str, dim: i
         assert torch.equal(rows, table.detach())
     if optimizer == "adagrad":
         assert torch.equal(state, reference.state[table]["sum"])
+
+
+def test_each_device_takes_torchs_default_path() -> None:
+    # On the CPU both of Adagrad's roundings agree (its addcdiv multiplies first); on a GPU they differ,
+    # and the rows must follow the multi-tensor path torch.optim takes there by default.
+    assert [torch_defaults_to_foreach(torch.device(d)) for d in ("cpu", "cuda", "meta")] == [False, True, False]
 
 
 def test_initial_rows_are_those_of_nn_embeddingbag() -> None:

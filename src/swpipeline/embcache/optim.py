@@ -13,6 +13,13 @@ with the same element-wise operations in the same order, gives the same bits:
               (state_sum.addcmul_(grad, grad, value=1); std = state_sum.sqrt().add_(eps);
                param.addcdiv_(grad, std, value=-clr), where clr = lr with lr_decay = 0)
 
+On a GPU torch's optimizers take their multi-tensor ("foreach") path by default, and
+there its Adagrad rounds the last line differently: it multiplies first, then divides
+(``numerator = grad * -clr; param.addcdiv_(numerator, std)``), where the GPU's
+``addcdiv`` divides first (on the CPU both orders give the same bits). The rows follow the
+path torch takes by default on their device (``foreach`` chooses one explicitly), so
+the bits match ``torch.optim.Adagrad(params, lr)`` on the CPU and on the GPU alike.
+
 Adagrad's per-row state (its running sum of squared gradients, initially zero) has
 the shape of the rows, so it moves between host and cache together with them.
 
@@ -40,13 +47,15 @@ class RowOptimizer:
     Args:
         name: ``"sgd"`` or ``"adagrad"``.
         lr: the learning rate, a finite number >= 0 (as ``torch.optim`` accepts).
+        foreach: round as torch's multi-tensor path (True) or its single-tensor path (False);
+            None (the default) takes the path torch takes by default for the rows' device.
 
     Raises:
         TypeError: ``name`` is not a str or ``lr`` is not a number.
         ValueError: an unknown optimizer name, or a negative or non-finite ``lr``.
     """
 
-    def __init__(self, name: str, lr: float) -> None:
+    def __init__(self, name: str, lr: float, foreach: Optional[bool] = None) -> None:
         if not isinstance(name, str):
             raise TypeError(f"optimizer must be a str, one of {list(OPTIMIZERS)}; got {type(name).__name__} {name!r}")
         if name not in OPTIMIZERS:
@@ -58,6 +67,7 @@ class RowOptimizer:
             raise ValueError(f"lr={lr!r} is invalid; the learning rate must be a finite number >= 0")
         self.name = name
         self.lr = float(lr)
+        self.foreach = foreach
 
     @property
     def has_state(self) -> bool:
@@ -74,7 +84,21 @@ class RowOptimizer:
                                "with the rows)")
         state.addcmul_(grad, grad, value=1)
         std = state.sqrt().add_(ADAGRAD_EPS)
-        rows.addcdiv_(grad, std, value=-self.lr)
+        foreach = self.foreach if self.foreach is not None else torch_defaults_to_foreach(rows.device)
+        if foreach:
+            rows.addcdiv_(grad * -self.lr, std)
+        else:
+            rows.addcdiv_(grad, std, value=-self.lr)
 
     def __repr__(self) -> str:
         return f"RowOptimizer({self.name!r}, lr={self.lr:g})"
+
+
+def torch_defaults_to_foreach(device: torch.device) -> bool:
+    """Whether ``torch.optim`` takes its multi-tensor path by default for parameters on ``device``."""
+    try:
+        from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices
+        supported = _get_foreach_kernels_supported_devices()
+    except ImportError:  # a torch without the helper: the devices it has always named
+        supported = ["cuda", "xpu"]
+    return device.type in supported
