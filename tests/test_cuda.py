@@ -7,7 +7,7 @@ of the two-phase protocol the consumer would read the stale value.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 import torch
@@ -236,6 +236,9 @@ def test_cuda_autocast_of_the_caller_reaches_the_workers(engine: str) -> None:
         ctx.h = layer(ctx.batch)
 
     def head(ctx: IterContext) -> None:
+        # The spin holds this stream back: a weight cast shared through autocast's process-wide cache (made
+        # on Prep's stream, freed when Prep's thread leaves its region) would be reused under this read.
+        torch.cuda._sleep(1_000_000)
         out[ctx.iter_idx] = layer(torch.relu(ctx.h)).detach()
 
     p, h = PipelineTask("Prep", prep), PipelineTask("Head", head)
@@ -250,3 +253,85 @@ def test_cuda_autocast_of_the_caller_reaches_the_workers(engine: str) -> None:
         pipe.run(data)
     torch.cuda.synchronize()
     assert [(out[i].dtype, torch.equal(out[i], serial[i])) for i in range(6)] == [(torch.bfloat16, True)] * 6
+
+
+@pytest.mark.parametrize("engine", ["clocked", "dataflow"])
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_a_dependency_at_distance_two_waits_for_the_producers_stream(engine: str) -> None:
+    # Produce (stage 1, stream p) writes iteration i's value after a ~1 ms spin; Consume of iteration
+    # i + 2 (stage 0, stream c) reads it. Only the event of Produce(i), kept while two later
+    # iterations are in flight, orders the read after the write.
+    n, size = 16, 1 << 20
+    made: Dict[int, torch.Tensor] = {}
+    read: Dict[int, torch.Tensor] = {}
+
+    def consume(ctx: IterContext) -> None:
+        if ctx.iter_idx >= 2:
+            read[ctx.iter_idx] = made[ctx.iter_idx - 2].sum()
+
+    def produce(ctx: IterContext) -> None:
+        out = torch.zeros(size, device="cuda")
+        torch.cuda._sleep(2_000_000)
+        made[ctx.iter_idx] = out.fill_(float(ctx.iter_idx))
+
+    c, p = PipelineTask("Consume", consume), PipelineTask("Produce", produce)
+    plan = PipelinePlan({c: TaskSchedule(stage=0, stream="c", thread_group="c"),
+                         p: TaskSchedule(stage=1, stream="p", thread_group="p")},
+                        intra_iter_deps=[(p, c)], inter_iter_deps=[(c, p, 2)])
+    pipe: Any = SWPipeline(plan, device="cuda") if engine == "clocked" else DataFlowPipeline(plan, 3, device="cuda")
+    pipe.run(range(n))
+    torch.cuda.synchronize()
+    assert [float(read[i]) for i in range(2, n)] == [float(i - 2) * size for i in range(2, n)]
+
+
+def versioned_training(engine: Optional[str], k: int, spin_ns: int) -> Tuple[List[float], List[torch.Tensor]]:
+    """Forward / backward / step on three threads and three streams with WeightVersions(k); the step's stream
+    spins before the optimizer, so a gradient whose memory went back to the forward's stream early would be
+    overwritten by the next backward before the optimizer reads it. Returns the losses and the final weights."""
+    from swpipeline import WeightVersions
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256)).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    versions = WeightVersions(model, staleness=k)
+    gen = torch.Generator("cuda").manual_seed(1)
+    data = [(torch.randn(64, 256, device="cuda", generator=gen), torch.randn(64, 256, device="cuda", generator=gen))
+            for _ in range(24)]
+    losses: Dict[int, torch.Tensor] = {}
+
+    def forward(ctx: IterContext) -> None:
+        with versions.use(ctx):
+            x, y = ctx.batch
+            ctx.loss = torch.nn.functional.mse_loss(model(x), y)
+
+    def backward(ctx: IterContext) -> None:
+        ctx.loss.backward()
+        losses[ctx.iter_idx] = ctx.loss.detach()
+
+    def step(ctx: IterContext) -> None:
+        versions.step(ctx, opt, before_step=lambda: torch.cuda._sleep(spin_ns))
+
+    f, b, s = PipelineTask("Forward", forward), PipelineTask("Backward", backward), PipelineTask("Step", step)
+    plan = PipelinePlan({f: TaskSchedule(stage=0, stream="fwd", thread_group="fwd"),
+                         b: TaskSchedule(stage=1, stream="bwd", thread_group="bwd"),
+                         s: TaskSchedule(stage=2, stream="step")},
+                        intra_iter_deps=[(b, f), (s, b)], inter_iter_deps=[versions.deps(f, s)])
+    if engine is None:
+        SWPipeline(plan, device="cuda").run_serial(data)
+    else:
+        pipe: Any = SWPipeline(plan, device="cuda") if engine == "clocked" else DataFlowPipeline(plan, 3, device="cuda")
+        pipe.run(data)
+    torch.cuda.synchronize()
+    return [float(losses[i]) for i in range(len(data))], [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("engine", ["clocked", "dataflow"])
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_weight_versions_on_three_streams_equal_the_serial_run(engine: str, k: int) -> None:
+    serial_losses, serial_weights = versioned_training(None, k, spin_ns=4_000_000)
+    losses, weights = versioned_training(engine, k, spin_ns=4_000_000)
+    assert losses == serial_losses
+    assert [torch.equal(w, v) for w, v in zip(weights, serial_weights)] == [True] * len(weights)

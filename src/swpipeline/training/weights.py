@@ -41,6 +41,13 @@ Memory: at most ``k + 1`` versions besides the live parameters (a version is dro
 once no later iteration can use it), and the gradients of every iteration between its
 backward and its step (one iteration's in the serial loop). ``stats()`` reports the
 versions.
+
+Streams. The backward leaves its gradients in memory of the forward's stream; the step
+hands them to the optimizer on its own stream and then drops them, while the host runs
+on. Each gradient is marked as in use by the step's stream (``record_stream``), so the
+allocator gives its memory to the next backward only after the optimizer has read it.
+A version is made on the step's stream and read on the forward's: it is dropped by a
+later step, which the plan's dependencies order after every backward that used it.
 """
 
 from __future__ import annotations
@@ -263,6 +270,7 @@ class WeightVersions:
             self._check_layout()
             for p in self._live:
                 p.grad = held.leaves[id(p)].grad
+            _keep_for_this_stream([p.grad for p in self._live])
             if before_step is not None:
                 before_step()
             for opt in optimizers:
@@ -370,3 +378,11 @@ class WeightVersions:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("WeightVersions: closed; make a new WeightVersions to train with versions again")
+
+
+def _keep_for_this_stream(tensors: Sequence[Optional[torch.Tensor]]) -> None:
+    """Mark each accelerator tensor as in use by the current stream: its memory, once freed, waits for that
+    stream's work queued so far before it is handed out again (a no-op on the CPU)."""
+    for t in tensors:
+        if t is not None and t.device.type != "cpu" and hasattr(t, "record_stream"):
+            t.record_stream(torch.get_device_module(t.device).current_stream(t.device))
