@@ -9,8 +9,10 @@ What is measured
                  (Forward also waits for ZeroGrad; Forward and ZeroGrad wait for
                   OptimizerStep of the previous iteration)
 
-    in two configurations: every task in one thread group ("one-group"), and the
-    stages' tasks in three thread groups h2d / dist / default ("three-groups"),
+    in three configurations: every task in one thread group ("one-group"), the
+    stages' tasks in three thread groups h2d / dist / default ("three-groups"), and
+    those three groups with every task on the default stream ("shared-stream": tasks
+    on one stream take turns, in the schedule's order, across the three threads),
     each run these ways on the same ``range(iters)`` data:
 
     * plain loop: ``for batch: ctx = IterContext(...); fn(ctx) for each task`` in serial order;
@@ -30,6 +32,9 @@ What is measured
     * ``floor, caller``: the same hand-offs when the caller runs the last stage's group
       itself: it puts a token in the other groups' queues, calls its own no-ops, and waits
       until the others have done the previous period (their units feed the next one).
+    * ``floor, turns`` (shared-stream only): the hand-offs of turns alone: each period the
+      turn goes from the caller to the dist thread, to the h2d thread, and back, each
+      calling its no-ops in its turn (three strict hand-offs per period).
     The floors are what any design with those hand-offs pays on this machine.
 
 How to read the table
@@ -38,8 +43,9 @@ How to read the table
     per repeat and summarized as median and min over ``--repeats``. Repeats
     interleave the methods so that machine drift hits them alike. Pipelined times
     include starting and joining the worker threads (amortized over ``iters``).
-    Targets: <= 2 us/task in one thread group, <= 5 us/task across three, <= 5 us/task
-    for the data-flow engine; ``met`` compares the *median* overhead with the target.
+    Targets: <= 2 us/task in one thread group, <= 5 us/task across three (on their own
+    streams or sharing one), <= 5 us/task for the data-flow engine; ``met`` compares the
+    *median* overhead with the target.
 
 ``--trace`` adds ``run(trace=True)``: what recording the timeline costs per task when
 it is on (off, the ``run`` row, it costs nothing: the workers then run the same code as
@@ -58,6 +64,7 @@ import pstats
 import queue
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -86,11 +93,14 @@ INTRA_DEPS = [
 ]
 INTER_DEPS = [("ZeroGrad", "OptimizerStep"), ("Forward", "OptimizerStep")]
 
-# configuration name -> (whether tasks keep their own thread groups, SWPipeline overhead target in us/task)
-CONFIGS: Dict[str, Tuple[bool, float]] = {"one-group": (False, 2.0), "three-groups": (True, 5.0)}
+# configuration name -> (whether tasks keep their own thread groups, whether they keep their own streams,
+# SWPipeline overhead target in us/task). "shared-stream": the three thread groups all on the default
+# stream, whose units then take turns in the schedule's order, whatever thread reaches them first.
+CONFIGS: Dict[str, Tuple[bool, bool, float]] = {"one-group": (False, True, 2.0), "three-groups": (True, True, 5.0),
+                                                "shared-stream": (True, False, 5.0)}
 DATAFLOW_TARGET_US = 5.0
 PLAIN, SERIAL, RUN, WORKERS, DATAFLOW = "plain loop", "run_serial", "run", "run, all on workers", "DataFlow run"
-FLOOR_WORKERS, FLOOR_CALLER = "floor, workers", "floor, caller"
+FLOOR_WORKERS, FLOOR_CALLER, FLOOR_TURNS = "floor, workers", "floor, caller", "floor, turns"
 TRACED = "run(trace=True)"
 LAST_STAGE_GROUP = "default"
 
@@ -99,10 +109,11 @@ def noop(ctx: swp.IterContext) -> None:
     """The task body: nothing, so that only the engine's cost is left."""
 
 
-def build_plan(spread_groups: bool) -> swp.PipelinePlan:
-    """The SparseDist-shaped no-op plan, in one thread group or in three."""
+def build_plan(spread_groups: bool, own_streams: bool = True) -> swp.PipelinePlan:
+    """The SparseDist-shaped no-op plan, in one thread group or in three; with ``own_streams=False`` every
+    task on the default stream (three groups then take turns on it: SharedStreamWarning, silenced here)."""
     schedule: Dict[Union[swp.PipelineTask, str], swp.TaskSchedule] = {
-        swp.PipelineTask(name, noop): swp.TaskSchedule(stage=stage, stream=stream,
+        swp.PipelineTask(name, noop): swp.TaskSchedule(stage=stage, stream=stream if own_streams else None,
                                                        thread_group=group if spread_groups else "default")
         for name, stage, group, stream in TASK_LAYOUT
     }
@@ -116,6 +127,38 @@ def time_plain_loop(fns: Sequence[Callable[[swp.IterContext], Any]], iters: int)
         ctx = swp.IterContext(idx, idx)
         for fn in fns:
             fn(ctx)
+    return time.perf_counter() - start
+
+
+def time_turns_floor(units_per_group: Dict[str, int], iters: int) -> float:
+    """Seconds for the hand-offs of thread groups that take turns on one stream, alone: each period the turn
+    goes round the groups once (the caller runs the last stage's group), each thread calling its no-ops in
+    its turn and handing the turn to the next thread. Three strict hand-offs per period, whatever the engine."""
+    others = [g for g in units_per_group if g != LAST_STAGE_GROUP]
+    ring = others + [LAST_STAGE_GROUP]
+    turns = {group: threading.Semaphore(0) for group in ring}
+
+    def serve(position: int) -> None:
+        group, following = ring[position], ring[position + 1]
+        count = units_per_group[group]
+        for _ in range(iters):
+            turns[group].acquire()
+            for _ in range(count):
+                noop(None)  # type: ignore[arg-type]
+            turns[following].release()
+
+    threads = [threading.Thread(target=serve, args=(k,)) for k in range(len(others))]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    first, own = turns[ring[0]], turns[LAST_STAGE_GROUP]
+    for _ in range(iters):
+        first.release()
+        own.acquire()
+        for _ in range(units_per_group[LAST_STAGE_GROUP]):
+            noop(None)  # type: ignore[arg-type]
+    for thread in threads:
+        thread.join()
     return time.perf_counter() - start
 
 
@@ -169,16 +212,20 @@ class Engines:
     workers: swp.SWPipeline
     dataflow: swp.DataFlowPipeline
     units_per_group: Dict[str, int]
+    shared_stream: bool
 
 
-def build_engines(spread_groups: bool, device: str) -> Engines:
+def build_engines(spread_groups: bool, own_streams: bool, device: str) -> Engines:
     groups: Dict[str, int] = {}
     for _, _, group, _ in TASK_LAYOUT:
         key = group if spread_groups else LAST_STAGE_GROUP
         groups[key] = groups.get(key, 0) + 1
-    return Engines(swp.SWPipeline(build_plan(spread_groups), device=device),
-                   swp.SWPipeline(build_plan(spread_groups), device=device, caller_thread_group=None),
-                   swp.DataFlowPipeline(build_plan(spread_groups), max_depth=3, device=device), groups)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", swp.SharedStreamWarning)
+        return Engines(swp.SWPipeline(build_plan(spread_groups, own_streams), device=device),
+                       swp.SWPipeline(build_plan(spread_groups, own_streams), device=device, caller_thread_group=None),
+                       swp.DataFlowPipeline(build_plan(spread_groups, own_streams), max_depth=3, device=device),
+                       groups, spread_groups and not own_streams)
 
 
 def time_methods(engines: Engines, iters: int, traced: bool = False) -> Dict[str, float]:
@@ -194,6 +241,8 @@ def time_methods(engines: Engines, iters: int, traced: bool = False) -> Dict[str
         FLOOR_WORKERS: time_handoff_floor(engines.units_per_group, iters, caller_runs_last=False),
         FLOOR_CALLER: time_handoff_floor(engines.units_per_group, iters, caller_runs_last=True),
     }
+    if engines.shared_stream:
+        seconds[FLOOR_TURNS] = time_turns_floor(engines.units_per_group, iters)
     if traced:
         seconds[TRACED] = engines.pipe.run(data, trace=True)
     return seconds
@@ -209,8 +258,8 @@ class ConfigResult:
 
 
 def measure_config(name: str, iters: int, repeats: int, device: str, traced: bool = False) -> ConfigResult:
-    spread_groups, target_us = CONFIGS[name]
-    engines = build_engines(spread_groups, device)
+    spread_groups, own_streams, target_us = CONFIGS[name]
+    engines = build_engines(spread_groups, own_streams, device)
     time_methods(engines, min(iters, 300), traced)  # warm-up: imports, caches, first thread start
     seconds: Dict[str, List[float]] = {}
     for _ in range(repeats):
@@ -286,8 +335,10 @@ def profile_all_threads(fn: Callable[[], Any]) -> List[cProfile.Profile]:
 
 
 def run_profile(config: str, iters: int, top: int, device: str) -> None:
-    spread_groups, _ = CONFIGS[config]
-    pipe = swp.SWPipeline(build_plan(spread_groups), device=device)
+    spread_groups, own_streams, _ = CONFIGS[config]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", swp.SharedStreamWarning)
+        pipe = swp.SWPipeline(build_plan(spread_groups, own_streams), device=device)
     pipe.run(range(min(iters, 300)))  # warm-up outside the profile
     elapsed: List[float] = []
     profiles = profile_all_threads(lambda: elapsed.append(pipe.run(range(iters))))

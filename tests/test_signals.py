@@ -19,7 +19,8 @@ from typing import Any, Callable, List, Tuple
 import pytest
 
 from swpipeline.errors import DependencyTimeoutError, PipelineAborted
-from swpipeline.engine.signals import CompletionBoard
+from swpipeline.engine import signals
+from swpipeline.engine.signals import CompletionBoard, Turns
 
 BOUND = 10.0  # seconds a forced step may take on a busy machine before the test fails (never reached when it passes)
 NEVER = 600.0  # the waits' own timeout: a waiter back within BOUND was woken, it did not time out
@@ -234,3 +235,69 @@ def test_wait_task_raises_on_abort_and_on_timeout() -> None:
     board.abort()
     assert waiter.outcome("the abort") == ("raised", PipelineAborted)
     assert read_the_counter.seen == [0] and board._waiters == [0]
+
+
+# -- turns: each waiting unit is woken alone ------------------------------------------------------------
+
+
+def test_passing_a_turn_wakes_only_the_unit_whose_turn_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Units 1, 2, 3 sleep on three threads before unit 0 runs. Each pass wakes the next unit alone, so each
+    # sleeper waits exactly once; waking every sleeper at each pass (notify_all) would make units 2 and 3
+    # wake, find it is not their turn, and wait again (6 waits).
+    waits: List[int] = []
+    base = threading.Condition
+
+    class Counting(base):  # type: ignore[misc, valid-type]
+        def wait(self, timeout: Any = None) -> bool:
+            if self._lock is lane._lock:  # the lane's sleepers only (Thread.start waits on a condition too)
+                waits.append(threading.get_ident())
+            return super().wait(timeout)
+
+    lane = Turns("stream 'default'")
+    monkeypatch.setattr(signals.threading, "Condition", Counting)
+    for k in range(4):
+        lane.assign((0, k), f"T(i{k})")
+    ran: List[int] = []
+    threads = [threading.Thread(target=lane.run_in_turn, args=((0, k), lambda k=k: ran.append(k), 5.0, "T", k))
+               for k in (3, 2, 1)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 5
+    while len(lane._sleepers) < 3 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert len(lane._sleepers) == 3
+    lane.run_in_turn((0, 0), lambda: ran.append(0), 5.0, "T", 0)
+    for t in threads:
+        t.join(5)
+    assert ran == [0, 1, 2, 3]
+    assert len(waits) == 3 and len(set(waits)) == 3
+
+
+def test_a_number_assigned_after_its_unit_sleeps_wakes_that_unit_and_abort_wakes_every_sleeper() -> None:
+    lane = Turns("stream 'default'")
+    ran: List[int] = []
+    late = threading.Thread(target=lane.run_in_turn, args=((0, 0), lambda: ran.append(0), 5.0, "T", 0))
+    late.start()
+    deadline = time.monotonic() + 5
+    while not lane._sleepers and time.monotonic() < deadline:
+        time.sleep(0.001)
+    lane.assign((0, 0), "T(i0)")  # its number comes after it started to wait, and it is its turn
+    late.join(5)
+    assert ran == [0] and not late.is_alive()
+    errors: List[BaseException] = []
+
+    def waiting(k: int) -> None:
+        try:
+            lane.run_in_turn((1, k), lambda: ran.append(k), 5.0, "U", k)
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    sleepers = [threading.Thread(target=waiting, args=(k,)) for k in range(2)]  # never assigned
+    for t in sleepers:
+        t.start()
+    while len(lane._sleepers) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    lane.abort()
+    for t in sleepers:
+        t.join(5)
+    assert [type(e) for e in errors] == [PipelineAborted, PipelineAborted] and ran == [0]

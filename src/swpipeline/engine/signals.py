@@ -135,52 +135,86 @@ class Turns:
     which units exist (the clock-driven engine when it releases a period; the data-flow
     engine once the iterations of a period are known), possibly after the unit was
     handed to its worker; ``run_in_turn`` waits both for the unit's number and its turn.
+
+    Each waiting unit sleeps on a condition of its own (over the one lock), and whoever
+    makes a unit's turn come (the unit before it, ending; or the assignment of its
+    number) wakes that unit alone. With ``notify_all`` every thread waiting on the stream
+    woke at every turn, took the GIL and the lock, and slept again: on a stream shared by
+    three thread groups that cost more than the tasks (``benchmarks/overhead.py``).
+    A unit whose turn it already is runs without sleeping.
     """
 
     def __init__(self, what: str) -> None:
         self.what = what  # "the sequencer", or "stream 'default'": for messages
-        self._cond = threading.Condition()
-        self._numbers: Dict[Key, int] = {}
+        self._lock = threading.Lock()
+        self._numbers: Dict[Key, int] = {}  # assigned and not yet started
+        self._keys: Dict[int, Key] = {}  # the same, by number
         self._holders: Dict[int, str] = {}
+        self._sleepers: Dict[Key, threading.Condition] = {}  # units waiting for their turn
+        self._conditions: Dict[int, threading.Condition] = {}  # one per thread that ever waited
         self._assigned = 0  # numbers handed out so far
         self._next = 0  # the number whose turn it is
         self.aborted = False
 
     def assign(self, key: Key, label: str) -> int:
         """Give ``key`` the next number; ``label`` names the unit in timeout messages."""
-        with self._cond:
+        with self._lock:
             number = self._assigned
             self._assigned = number + 1
             self._numbers[key] = number
+            self._keys[number] = key
             self._holders[number] = label
-            self._cond.notify_all()
+            if number == self._next:
+                sleeper = self._sleepers.get(key)
+                if sleeper is not None:
+                    sleeper.notify()
         return number
 
     def run_in_turn(self, key: Key, fn: Callable[[], None], timeout: float, task: str, iter_idx: int) -> None:
         """Wait until ``key`` has a number and it is its turn, run ``fn``, then pass the turn on."""
+        with self._lock:
+            number = self._numbers.get(key)
+            if number is None or number != self._next:
+                number = self._sleep_until_turn(key, timeout, task, iter_idx)
+            del self._numbers[key]
+            del self._keys[number]
+        try:
+            fn()
+        finally:
+            with self._lock:
+                self._holders.pop(number, None)
+                self._next = number + 1
+                following = self._keys.get(number + 1)
+                if following is not None:
+                    sleeper = self._sleepers.get(following)
+                    if sleeper is not None:
+                        sleeper.notify()
+
+    def _sleep_until_turn(self, key: Key, timeout: float, task: str, iter_idx: int) -> int:
+        """Under the lock: sleep until ``key``'s number is assigned and its turn has come; return the number."""
+        me = threading.get_ident()
+        sleeper = self._conditions.get(me)
+        if sleeper is None:
+            sleeper = self._conditions[me] = threading.Condition(self._lock)
+        self._sleepers[key] = sleeper
         deadline = time.monotonic() + timeout
-        with self._cond:
+        try:
             while True:
                 number = self._numbers.get(key)
                 if number is not None and number == self._next:
-                    break
+                    return number
                 if self.aborted:
                     raise PipelineAborted()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise SequencerTimeoutError(task, iter_idx, number, self._next, timeout,
                                                 self._holders.get(self._next), self.what)
-                self._cond.wait(left)
-            del self._numbers[key]
-        try:
-            fn()
+                sleeper.wait(left)
         finally:
-            with self._cond:
-                self._holders.pop(number, None)
-                self._next = number + 1
-                self._cond.notify_all()
+            del self._sleepers[key]
 
     def abort(self) -> None:
-        with self._cond:
+        with self._lock:
             self.aborted = True
-            self._cond.notify_all()
+            for sleeper in self._sleepers.values():
+                sleeper.notify()
