@@ -66,6 +66,7 @@ def make_launches(device: Device, labels: Dict[int, str], nvtx: bool) -> Tuple[L
     if device.launches_directly:
         def plain(task: BoundTask, ctx: IterContext) -> None:
             task.exec_fn(ctx)
+        plain.direct = True  # type: ignore[attr-defined]  # the unit executor may call exec_fn itself
     else:
         def plain(task: BoundTask, ctx: IterContext) -> None:
             device.launch(task.stream, task.exec_fn, ctx, task.name)
@@ -86,6 +87,7 @@ def make_unit_runner(board: "CompletionBoard", device: Device, launch: Launch, t
     complete = board.complete
     wait_task = wait or board.wait_task
     slots, timeout = event_slots, signal_timeout
+    direct = getattr(launch, "direct", False)  # launch(task, ctx) is task.exec_fn(ctx): save the call
 
     def in_turns(task: BoundTask, ctx: IterContext, i: int) -> None:
         key, call = (task.index, i), partial(launch, task, ctx)
@@ -121,12 +123,12 @@ def make_unit_runner(board: "CompletionBoard", device: Device, launch: Launch, t
             drawn_on = batch_streams[i % slots]
             if drawn_on is not None and drawn_on != stream:
                 device.wait(stream, batch_events[i % slots])
-        for dep, dep_events in task.intra:
+        for dep, dep_events in task.wait_intra:  # (the dependencies its group's order does not meet already)
             if done[dep] <= i:
                 wait_task(dep, i, timeout, task.name, i)
             if dep_events is not None:
                 device.wait(stream, dep_events[i % slots])
-        for dep, dep_events, distance in task.inter:
+        for dep, dep_events, distance in task.wait_inter:
             back = i - distance
             if back >= 0:
                 if done[dep] <= back:
@@ -134,7 +136,10 @@ def make_unit_runner(board: "CompletionBoard", device: Device, launch: Launch, t
                 if dep_events is not None:
                     device.wait(stream, dep_events[back % slots])
         if task.plain and free is None:
-            launch(task, ctx)
+            if direct:
+                task.exec_fn(ctx)
+            else:
+                launch(task, ctx)
         else:
             launch_and_more(task, ctx, i)
         complete(task.index, i)

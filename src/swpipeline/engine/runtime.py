@@ -62,7 +62,8 @@ class BoundTask:
     """
 
     __slots__ = ("spec", "name", "index", "stage", "group", "stream", "stream_label", "exec_fn", "waits_batch",
-                 "waits_at_retire", "intra", "inter", "events", "turns", "stream_turns", "keep_for", "plain")
+                 "waits_at_retire", "intra", "inter", "wait_intra", "wait_inter", "events", "turns", "stream_turns",
+                 "keep_for", "plain")
 
     def __init__(self, spec: TaskSpec, stream: Any) -> None:
         self.spec = spec
@@ -73,6 +74,9 @@ class BoundTask:
         self.waits_batch, self.waits_at_retire = spec.waits_batch, spec.waits_at_retire
         self.intra: List[DepRef] = []  # the dependencies, with the producers' events of this run
         self.inter: List[BackRef] = []  # ... and how many iterations back each is
+        # what a unit must wait for: the dependencies above less those its own thread group's order meets
+        self.wait_intra: List[DepRef] = []
+        self.wait_inter: List[BackRef] = []
         self.events: Optional[List[Any]] = None
         self.turns: Optional[Turns] = None  # the run's sequencer, if globally ordered
         self.stream_turns: Optional[Turns] = None  # the run's turns on its stream, if it shares the stream
@@ -183,6 +187,12 @@ def bind_run(tasks: List[TaskSpec], device: Device, event_slots: int, default: A
     for b in bound:
         b.intra = [(d, bound[d].events if cross else None) for d, cross in b.spec.intra_deps]
         b.inter = [(d, bound[d].events if cross else None, distance) for d, cross, distance in b.spec.inter_deps]
+        # A producer in the consumer's own thread group has run by the time the consumer does: both engines run
+        # a group's units on one thread in one order, the schedule's, which puts every producer unit before its
+        # consumers (Schedule.check proves it for each plan). Only its device event, if any, is left to wait on.
+        b.wait_intra = [(d, events) for d, events in b.intra if events is not None or bound[d].group != b.group]
+        b.wait_inter = [(d, events, distance) for d, events, distance in b.inter
+                        if events is not None or bound[d].group != b.group]
         b.plain = b.turns is None and b.stream_turns is None and not b.keep_for and b.events is None
     return bound
 

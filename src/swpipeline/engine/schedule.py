@@ -153,17 +153,20 @@ class Schedule:
             # Whole periods first: every unit of a period is allowed once its newest entry (that of the
             # group's lowest stage) is decided, and, if the group takes turns, the period itself.
             whole = decided if turns else decided + lowest
-            if whole > last:
+            if whole >= last:
+                if period == last and not k:  # the steady state: this one period, all of it, and nothing after
+                    out.append([(period, slot, item) for slot in slots
+                                if (item := get(period - slot.stage)) is not None])
+                    positions[group] = (period + 1, 0)
+                    continue
                 whole = last
             units: List[Unit[T]] = []
-            if period <= whole:
-                if k:
-                    units += [(period, slot, item) for slot in slots[k:]
-                              if (item := get(period - slot.stage)) is not None]
-                    period, k = period + 1, 0
-                while period <= whole:
-                    units += [(period, slot, item) for slot in slots if (item := get(period - slot.stage)) is not None]
-                    period += 1
+            if period <= whole:  # the rest of this period (all of it when k is 0), then the later whole ones
+                units = [(period, slot, item) for slot in slots[k:] if (item := get(period - slot.stage)) is not None]
+                if period < whole:
+                    units += [(p, slot, item) for p in range(period + 1, whole + 1) for slot in slots
+                              if (item := get(p - slot.stage)) is not None]
+                period, k = whole + 1, 0
             if period <= last:  # then slot by slot, up to the first unit held back
                 period, k = self._walk_held(slots, period, k, get, decided, last, units)
             positions[group] = (period, k)
