@@ -229,6 +229,22 @@ class DataFlowRule(ReleaseRule):
     def released(self, entries: Entries[T]) -> Released:
         return ALL, ALL if entries.ended else entries.next_entry - 1
 
+    def retired(self, entries: Entries[T], oldest: Optional[int], fetch: Optional[Fetch[T]]) -> Released:
+        # ReleaseRule.retired with after_retire, _top_up and released written out: it runs once per iteration
+        entered = entries.entered
+        if oldest is not None:
+            del entered[entries.entry_of.pop(oldest)]  # (Entries.retire)
+        if fetch is None:
+            self._gaps_through_next(entries)
+        else:
+            while len(entered) < self.max_live and not entries.ended:
+                item = fetch()
+                if item is None:
+                    entries.ended = True
+                else:
+                    entries.enter(item)
+        return ALL, ALL if entries.ended else entries.next_entry - 1
+
 
 def rule_of(engine: str, depth: int, max_live: int) -> ReleaseRule:
     """The release rule of an engine by its name in the planning tools: ``"clocked"`` or ``"dataflow"``."""
