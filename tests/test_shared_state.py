@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from swpipeline import DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, RaceError, SWPipeline, TaskSchedule
-from swpipeline import analyze, infer_deps
+from swpipeline import RaceChecker, analyze, infer_deps
 
 Fn = Callable[[IterContext], Any]
 Spec = Dict[str, Tuple[int, Optional[str], str, Fn]]  # name -> (stage, stream, thread group, fn)
@@ -369,6 +369,24 @@ def test_check_races_names_both_tasks_and_the_generator(kind: str, caller: Any) 
     assert str(info.value) == GENERATOR_RACE
     assert (info.value.attribute, info.value.first, info.value.second) == (
         "torch.default_generator", ("forward", 0), ("get_batch", 1))
+
+
+def test_two_threads_finding_races_on_one_generator_report_the_same_one() -> None:
+    # The order of a flaky failure on two workers: get_batch draws for iterations 0 and 1, forward(0) draws
+    # and finds its race with get_batch(1); get_batch(2), already running on its own thread, draws next and
+    # finds one with forward(0). Both report the pair a serial run reaches first, so whichever error reaches
+    # the caller first, it is the same.
+    job = TinyGPT()
+    checker = RaceChecker(job.plan())
+    get_batch, forward = checker.wrap("get_batch"), checker.wrap("forward")
+    contexts = [IterContext(None, i) for i in range(3)]
+    get_batch(contexts[0])
+    get_batch(contexts[1])
+    with pytest.raises(RaceError) as first:
+        forward(contexts[0])
+    with pytest.raises(RaceError) as second:
+        get_batch(contexts[2])
+    assert str(first.value) == str(second.value) == GENERATOR_RACE
 
 
 def test_run_serial_reports_the_same_race() -> None:  # the verdict never depends on the order things ran in

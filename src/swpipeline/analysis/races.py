@@ -376,7 +376,31 @@ class RaceChecker:
                     continue
                 for j in (iteration, iteration - 1, iteration + 1, next(reversed(seen))):
                     if j in seen and not self._ordered((other, j), unit):
-                        self._report(generator, ((other, j), DRAW), (unit, DRAW))
+                        first, second = (other, j), unit
+                        if self._raises(first, second):
+                            first, second = self._earliest_race(task, mine, other, seen)
+                        self._report(generator, (first, DRAW), (second, DRAW))
+
+    def _raises(self, one: Unit, other: Unit) -> bool:
+        """Whether ``_report`` raises for two unordered units (not: only the placement orders them)."""
+        first, second = sorted((one, other), key=lambda u: (u[1], self._serial[self._names[u[0]]]))
+        placed = self._placement.before(self._names[first[0]], self._names[second[0]], second[1] - first[1])
+        return self.strict or not placed
+
+    def _earliest_race(self, task: int, mine: Dict[int, None], other: int, seen: Dict[int, None]) -> Tuple[Unit, Unit]:
+        """Of the two tasks' draws logged so far, the racing pair a serial run reaches first.
+
+        A race found at one draw is reported as this pair: two threads that find races on the
+        same generator at about the same time (one task's draw of iteration i against the other's
+        of i + 1, and a draw of i + 2 against i) then report the same one, whichever reports first.
+        """
+        def serial_key(pair: Tuple[Unit, Unit]) -> Tuple[int, int, int, int]:
+            a, b = sorted(pair, key=lambda u: (u[1], self._serial[self._names[u[0]]]))
+            return (a[1], self._serial[self._names[a[0]]], b[1], self._serial[self._names[b[0]]])
+
+        pairs = [((other, j), (task, i)) for i in mine for j in seen
+                 if not self._ordered((other, j), (task, i)) and self._raises((other, j), (task, i))]
+        return min(pairs, key=serial_key)
 
     def _ordered(self, one: Unit, other: Unit) -> bool:
         """Whether happens-before orders two units (either way); remembered per (task, task, iteration distance)."""
