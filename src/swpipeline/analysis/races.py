@@ -347,7 +347,10 @@ class RaceChecker:
             if verdict is None:
                 verdict = self._ordered(other, unit)
             if not verdict:
-                self._report(f"ctx.{attr}", (other, other_kind), access)
+                first, second = (other, other_kind), access
+                if self._raises(other, unit):
+                    first, second = self._earliest_conflict(list(entries))
+                self._report(f"ctx.{attr}", first, second)
         if kind != READ and EVERY in log:
             for other, _ in log[EVERY]:
                 if other != unit and not self._ordered(other, unit):
@@ -387,6 +390,18 @@ class RaceChecker:
         placed = self._placement.before(self._names[first[0]], self._names[second[0]], second[1] - first[1])
         return self.strict or not placed
 
+    def _earliest_conflict(self, entries: List[Access]) -> Tuple[Access, Access]:
+        """Of the accesses to one attribute logged so far, the conflicting racing pair a serial run reaches first
+        (see ``_earliest_race``)."""
+        pairs = [(a, b) for k, a in enumerate(entries) for b in entries[k + 1:]
+                 if a[0] != b[0] and (a[1] != READ or b[1] != READ)
+                 and not self._ordered(a[0], b[0]) and self._raises(a[0], b[0])]
+        return min(pairs, key=lambda pair: self._serial_key(pair[0][0], pair[1][0]))
+
+    def _serial_key(self, one: Unit, other: Unit) -> Tuple[int, int, int, int]:
+        a, b = sorted((one, other), key=lambda u: (u[1], self._serial[self._names[u[0]]]))
+        return (a[1], self._serial[self._names[a[0]]], b[1], self._serial[self._names[b[0]]])
+
     def _earliest_race(self, task: int, mine: Dict[int, None], other: int, seen: Dict[int, None]) -> Tuple[Unit, Unit]:
         """Of the two tasks' draws logged so far, the racing pair a serial run reaches first.
 
@@ -394,13 +409,9 @@ class RaceChecker:
         same generator at about the same time (one task's draw of iteration i against the other's
         of i + 1, and a draw of i + 2 against i) then report the same one, whichever reports first.
         """
-        def serial_key(pair: Tuple[Unit, Unit]) -> Tuple[int, int, int, int]:
-            a, b = sorted(pair, key=lambda u: (u[1], self._serial[self._names[u[0]]]))
-            return (a[1], self._serial[self._names[a[0]]], b[1], self._serial[self._names[b[0]]])
-
         pairs = [((other, j), (task, i)) for i in mine for j in seen
                  if not self._ordered((other, j), (task, i)) and self._raises((other, j), (task, i))]
-        return min(pairs, key=serial_key)
+        return min(pairs, key=lambda pair: self._serial_key(*pair))
 
     def _ordered(self, one: Unit, other: Unit) -> bool:
         """Whether happens-before orders two units (either way); remembered per (task, task, iteration distance)."""
