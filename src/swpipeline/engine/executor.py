@@ -6,7 +6,9 @@ thread group's worker, as the run's task of that slot::
     if it reads the batch first:        # no producer in its iteration, on a device with events
         device.wait(stream, batch_event)  #   only if the caller drew the batch on another stream
     for dep in deps:                    # intra: iteration i; inter: iteration i - distance
-        wait(dep, it)                   # phase 1: CPU signal (returns at once if done)
+        wait(dep, it)                   # phase 1: CPU signal (returns at once if done); only if
+                                        #   dep is in another thread group: the group's own order
+                                        #   ran it already (BoundTask.wait_intra / wait_inter)
         device.wait(stream, event)      # phase 2: only if dep ran on another stream
     launch(task, ctx)                   # fn(ctx) with the task's stream current, in its turns:
                                         #   on its stream, if several thread groups share it;
