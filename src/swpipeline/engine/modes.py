@@ -8,8 +8,8 @@ the caller's own thread would (``run_serial``):
 
 * carried: ``torch.is_grad_enabled()`` (``no_grad``, ``enable_grad``,
   ``set_grad_enabled``), ``torch.is_inference_mode_enabled()`` (``inference_mode``),
-  and autocast per device type (enabled, dtype, weight-cache setting) for the CPU and
-  the pipeline's accelerator;
+  and autocast per device type (enabled, dtype) for the CPU and the pipeline's
+  accelerator;
 * not carried: autocast's weight cache. torch keeps one cache of autocast's weight
   casts for the whole process, not one per thread: a cast one thread made (on a GPU,
   on that thread's stream, perhaps not yet computed) is handed to any other thread
