@@ -135,7 +135,7 @@ class HandOut:
         entries, schedule = self.entries, self.schedule
         horizon = entries.horizon(schedule.depth)
         if schedule.turn_slots:
-            self._number_turns(min(*released, horizon))  # (decided, through_period)
+            self._number_turns(min(*released, horizon))  # (through_period, decided)
         modes = self.run.modes
         for (put, by_period), units in zip(self._puts, schedule.walk_all(self.positions, entries.entered, released,
                                                                           horizon)):

@@ -68,10 +68,6 @@ class Entries(Generic[T]):
     def retire(self, iteration: int) -> None:
         del self.entered[self.entry_of.pop(iteration)]
 
-    @property
-    def live(self) -> int:
-        return len(self.entered)
-
     def oldest_entry(self) -> Optional[int]:
         """The period the oldest live iteration entered in (iterations enter, and retire, in order)."""
         for period in self.entered:
@@ -112,18 +108,17 @@ class ReleaseRule:
     def after_retire(self, entries: Entries[T], fetch: Optional[Fetch[T]]) -> None:
         """The oldest iteration retired (``entries`` has dropped it); draw what comes next (``fetch`` None:
         a step without a batch)."""
-        raise NotImplementedError
+        self.retired(entries, None, fetch)
 
     def released(self, entries: Entries[T]) -> Released:
         raise NotImplementedError
 
     def retired(self, entries: Entries[T], oldest: Optional[int], fetch: Optional[Fetch[T]]) -> Released:
-        """What the engines do once per iteration, in one call: ``oldest`` retires (None: it did already),
-        ``after_retire``, and how far every order may now be handed out."""
-        if oldest is not None:
-            entries.retire(oldest)
-        self.after_retire(entries, fetch)
-        return self.released(entries)
+        """What the engines do once per iteration, in one call: ``oldest`` retires (None: it did already), the
+        rule draws what comes next (``after_retire``), and how far every order may now be handed out. Each rule
+        writes it out in one function, since it runs once per iteration; ``after_retire`` (``Schedule.check``,
+        the simulator) is this same function."""
+        raise NotImplementedError
 
     def caller_through(self, entries: Entries[T]) -> int:
         """The last period whose units the caller's group runs in one ``progress()`` call: the oldest live
@@ -161,9 +156,6 @@ class ClockRule(ReleaseRule):
             entries.next_entry += 1  # a tick without a batch
         else:
             self._tick(entries, fetch)
-
-    def after_retire(self, entries: Entries[T], fetch: Optional[Fetch[T]]) -> None:
-        self.retired(entries, None, fetch)
 
     def retired(self, entries: Entries[T], oldest: Optional[int], fetch: Optional[Fetch[T]]) -> Released:
         # ``oldest`` retires (None: it did already), then one tick (drawing its batch unless the step has none or
@@ -213,24 +205,14 @@ class DataFlowRule(ReleaseRule):
         return self.max_live >= self.depth
 
     def fill_step(self, entries: Entries[T], fetch: Fetch[T]) -> None:
-        self._top_up(entries, fetch)
-
-    def after_retire(self, entries: Entries[T], fetch: Optional[Fetch[T]]) -> None:
-        if fetch is None:
-            self._gaps_through_next(entries)
-        else:
-            self._top_up(entries, fetch)
-
-    def _top_up(self, entries: Entries[T], fetch: Fetch[T]) -> None:
-        while entries.live < self.max_live and not entries.ended:
-            if not self._draw(entries, fetch):
-                entries.ended = True
+        self.retired(entries, None, fetch)  # draw while fewer than max_live iterations are alive
 
     def released(self, entries: Entries[T]) -> Released:
         return ALL, ALL if entries.ended else entries.next_entry - 1
 
     def retired(self, entries: Entries[T], oldest: Optional[int], fetch: Optional[Fetch[T]]) -> Released:
-        # ReleaseRule.retired with after_retire, _top_up and released written out: it runs once per iteration
+        # ``oldest`` retires (None: it did already); then draw while fewer than max_live iterations are alive, or,
+        # in a step without a batch, the gaps of _gaps_through_next
         entered = entries.entered
         if oldest is not None:
             del entered[entries.entry_of.pop(oldest)]  # (Entries.retire)

@@ -253,7 +253,7 @@ class Schedule:
         def hand_out() -> None:
             released = rule.released(entries)
             horizon = entries.horizon(self.depth)
-            through = min(*released, horizon)  # (decided, through_period)
+            through = min(*released, horizon)  # (through_period, decided)
             while numbered[0] <= through:
                 for slot in self.turn_slots:
                     it = entries.entered.get(numbered[0] - slot.stage)
