@@ -96,11 +96,6 @@ def restore_weight_cache(was_on: bool) -> None:
         torch.set_autocast_cache_enabled(True)
 
 
-def weight_cache_off_for_this_thread() -> None:
-    """For a worker thread, at its start: its tasks' own autocast regions cache no weight casts."""
-    torch.set_autocast_cache_enabled(False)
-
-
 def device_types(kind: str) -> Tuple[str, ...]:
     """The autocast device types worth capturing for a pipeline on a device of type ``kind``."""
     return ("cpu",) if kind == "cpu" else ("cpu", kind)

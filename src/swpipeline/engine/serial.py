@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, List
 from ..devices.annotations import profiler_active, run_annotated
 from ..errors import annotate, stop_iteration_error
 from ..plan.model import IterContext
-from .modes import restore_weight_cache, weight_cache_off
 from ..observe.progress_line import ProgressLine, len_or_none
 
 if TYPE_CHECKING:
@@ -30,7 +29,8 @@ class SerialBaseline:
     """A pipeline's serial baseline, one of its parts: its tasks in serial order, run on the calling thread.
 
     The pipeline's ``run_serial`` / ``run_one_serial_iter`` check that nothing is in flight
-    and that the caller may drive it, then call these.
+    and that the caller may drive it, then call these (as driving calls, with autocast's weight
+    cache off, as for every task of a pipelined run: ``modes.py``).
     """
 
     def __init__(self, order: List["TaskSpec"], device: "Device", label: Callable[[str], str], engine: str) -> None:
@@ -47,14 +47,6 @@ class SerialBaseline:
         """One iteration: every task in serial order on a new context; returns the context."""
         ctx = IterContext(batch, iter_idx)
         annotate_ranges = nvtx or profiler_active()
-        cached = weight_cache_off()  # as for every task of a pipelined run (modes.py)
-        try:
-            self._tasks(ctx, iter_idx, annotate_ranges, nvtx)
-        finally:
-            restore_weight_cache(cached)
-        return ctx
-
-    def _tasks(self, ctx: IterContext, iter_idx: int, annotate_ranges: bool, nvtx: bool) -> None:
         for task in self.order:
             try:
                 if annotate_ranges:
@@ -65,6 +57,7 @@ class SerialBaseline:
                 raise annotate(stop_iteration_error(exc, task.name, iter_idx), task.name, iter_idx) from exc
             except BaseException as exc:
                 raise annotate(exc, task.name, iter_idx)
+        return ctx
 
     def run(self, data_iter: Iterable[Any], verbose: bool, nvtx: bool) -> float:
         """Every batch, one iteration after another; the device synchronized at the end; returns seconds."""

@@ -41,7 +41,7 @@ from typing import Any, Callable, Deque, List, Optional, Protocol, Sequence, Tup
 import torch
 
 from ..devices.annotations import profiler_active
-from .modes import Modes, weight_cache_off_for_this_thread
+from .modes import Modes, weight_cache_off
 from .schedule import Work as Unit
 
 __all__: List[str] = []
@@ -226,7 +226,7 @@ class Worker(_UnitRunner):
 
     def _serve(self) -> None:
         name_os_thread(self.thread.name)
-        weight_cache_off_for_this_thread()
+        weight_cache_off()  # for the thread's life: its tasks' own autocast regions cache no casts (modes.py)
         try:
             self._enter_thread()
         except BaseException as exc:
