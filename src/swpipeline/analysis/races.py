@@ -349,7 +349,8 @@ class RaceChecker:
             if not verdict:
                 first, second = (other, other_kind), access
                 if self._raises(other, unit):
-                    first, second = self._earliest_conflict(list(entries))
+                    first, second = self._earliest((a, b) for k, a in enumerate(entries) for b in entries[k + 1:]
+                                                   if a[0] != b[0] and (a[1] != READ or b[1] != READ))
                 self._report(f"ctx.{attr}", first, second)
         if kind != READ and EVERY in log:
             for other, _ in log[EVERY]:
@@ -379,54 +380,42 @@ class RaceChecker:
                     continue
                 for j in (iteration, iteration - 1, iteration + 1, next(reversed(seen))):
                     if j in seen and not self._ordered((other, j), unit):
-                        first, second = (other, j), unit
-                        if self._raises(first, second):
-                            first, second = self._earliest_race(task, mine, other, seen)
-                        self._report(generator, (first, DRAW), (second, DRAW))
+                        pair = ((other, j), DRAW), (unit, DRAW)
+                        if self._raises((other, j), unit):
+                            pair = self._earliest((((other, k), DRAW), ((task, i), DRAW)) for i in mine for k in seen)
+                        self._report(generator, *pair)
+
+    def _serial_rank(self, unit: Unit) -> Tuple[int, int]:
+        """Where a serial run reaches ``unit``: its iteration, then its task's place in the serial order."""
+        return unit[1], self._serial[self._names[unit[0]]]
 
     def _raises(self, one: Unit, other: Unit) -> bool:
         """Whether ``_report`` raises for two unordered units (not: only the placement orders them)."""
-        first, second = sorted((one, other), key=lambda u: (u[1], self._serial[self._names[u[0]]]))
+        first, second = sorted((one, other), key=self._serial_rank)
         placed = self._placement.before(self._names[first[0]], self._names[second[0]], second[1] - first[1])
         return self.strict or not placed
 
-    def _earliest_conflict(self, entries: List[Access]) -> Tuple[Access, Access]:
-        """Of the accesses to one attribute logged so far, the conflicting racing pair a serial run reaches first
-        (see ``_earliest_race``)."""
-        pairs = [(a, b) for k, a in enumerate(entries) for b in entries[k + 1:]
-                 if a[0] != b[0] and (a[1] != READ or b[1] != READ)
-                 and not self._ordered(a[0], b[0]) and self._raises(a[0], b[0])]
-        return min(pairs, key=lambda pair: self._serial_key(pair[0][0], pair[1][0]))
-
-    def _serial_key(self, one: Unit, other: Unit) -> Tuple[int, int, int, int]:
-        a, b = sorted((one, other), key=lambda u: (u[1], self._serial[self._names[u[0]]]))
-        return (a[1], self._serial[self._names[a[0]]], b[1], self._serial[self._names[b[0]]])
-
-    def _earliest_race(self, task: int, mine: Dict[int, None], other: int, seen: Dict[int, None]) -> Tuple[Unit, Unit]:
-        """Of the two tasks' draws logged so far, the racing pair a serial run reaches first.
-
-        A race found at one draw is reported as this pair: two threads that find races on the
-        same generator at about the same time (one task's draw of iteration i against the other's
-        of i + 1, and a draw of i + 2 against i) then report the same one, whichever reports first.
-        """
-        pairs = [((other, j), (task, i)) for i in mine for j in seen
-                 if not self._ordered((other, j), (task, i)) and self._raises((other, j), (task, i))]
-        return min(pairs, key=lambda pair: self._serial_key(*pair))
+    def _earliest(self, pairs: Iterable[Tuple[Access, Access]]) -> Tuple[Access, Access]:
+        """Of ``pairs`` of conflicting accesses logged so far (one of which races), the racing pair a serial run
+        reaches first. A race found at one access is reported as this pair: two threads that find races on one
+        attribute or generator at about the same time (one task's draw of iteration i against the other's of
+        i + 1, and a draw of i + 2 against i) then report the same one, whichever reports first."""
+        racing = [(a, b) for a, b in pairs if not self._ordered(a[0], b[0]) and self._raises(a[0], b[0])]
+        return min(racing, key=lambda pair: sorted(map(self._serial_rank, (pair[0][0], pair[1][0]))))
 
     def _ordered(self, one: Unit, other: Unit) -> bool:
         """Whether happens-before orders two units (either way); remembered per (task, task, iteration distance)."""
         key = (one[0], other[0], other[1] - one[1])
         verdict = self._verdicts.get(key)
         if verdict is None:
-            first, second = sorted((one, other), key=lambda u: (u[1], self._serial[self._names[u[0]]]))
+            first, second = sorted((one, other), key=self._serial_rank)
             verdict = self._verdicts[key] = self._happens_before.before(
                 self._names[first[0]], self._names[second[0]], second[1] - first[1])
         return verdict
 
     def _report(self, attribute: str, one: Access, other: Access) -> None:
         """Raise for two conflicting accesses that happens-before does not order (or warn, see the class)."""
-        (first, first_kind), (second, second_kind) = sorted(
-            (one, other), key=lambda a: (a[0][1], self._serial[self._names[a[0][0]]]))
+        (first, first_kind), (second, second_kind) = sorted((one, other), key=lambda a: self._serial_rank(a[0]))
         a, b = self._names[first[0]], self._names[second[0]]
         distance = second[1] - first[1]
         clause = conflict_clause(f"{a!r} (iteration {first[1]})", first_kind, f"{b!r} (iteration {second[1]})",
