@@ -11,8 +11,8 @@ from typing import Any, List
 import pytest
 import torch
 
-from engine_helpers import (ExecLog, FakeStream, check_dependencies, drive, make_plan, sparse_dist_plan, swp_threads,
-                            wait_until)
+from engine_helpers import (ExecLog, FakeStream, check_dependencies, drive, make_plan, progress_until_stop,
+                            sparse_dist_plan, swp_threads, wait_until)
 from swpipeline import (CPUDevice, DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, SimulatedDevice,
                         SWPipeline, TaskSchedule)
 from swpipeline.plan import ordering
@@ -425,6 +425,56 @@ def test_run_runs_the_last_stage_on_the_caller_and_step_control_keeps_workers() 
         log.events.clear()
         SWPipeline(sparse_dist_plan(log), device="cpu", **kwargs).run(range(4))  # type: ignore[arg-type]
         assert log.threads_of("Forward") == {"swp-default"}, kwargs
+    assert swp_threads() == []
+
+
+# Load (stage 0) on a worker; Fwd (stage 1) and Step (stage 2) on the caller's thread, where a period runs
+# Step(i - 2) before Fwd(i - 1) (on one stream the older iteration goes first).
+LOAD_FWD_STEP = {"Load": (0, "load", "load"), "Fwd": (1, None, "default"), "Step": (2, None, "default")}
+
+
+def load_fwd_step_pipe(engine: str, log: ExecLog, work: Any = None) -> Any:
+    plan = make_plan(log, LOAD_FWD_STEP, [("Fwd", "Load"), ("Step", "Fwd")], work=work)
+    if engine == "SWPipeline":
+        return SWPipeline(plan, device="cpu", caller_thread_group="default")
+    return DataFlowPipeline(plan, max_depth=3, device="cpu", caller_thread_group="default")
+
+
+@pytest.mark.parametrize("engine", ["SWPipeline", "DataFlowPipeline"])
+def test_the_caller_hands_out_the_next_period_before_its_own_units_of_newer_iterations(engine: str) -> None:
+    # Once Step(k) is done, iteration k retires and Load(k + 3) is handed out before the caller runs Fwd(k + 1):
+    # so Fwd(i) can see Load(i + 2) start. (If the caller ran its whole period first, Load(i + 2) would be handed
+    # out only after Fwd(i) returned, and each wait below would time out.)
+    started = [threading.Event() for _ in range(8)]
+    seen: List[bool] = []
+
+    def fwd(ctx: IterContext) -> None:
+        if ctx.iter_idx + 2 < len(started):
+            seen.append(started[ctx.iter_idx + 2].wait(5))
+
+    pipe = load_fwd_step_pipe(engine, ExecLog(), {"Load": lambda ctx: started[ctx.iter_idx].set(), "Fwd": fwd})
+    pipe.run(range(len(started)))
+    assert seen == [True] * (len(started) - 2)
+    assert swp_threads() == []
+
+
+@pytest.mark.parametrize("engine", ["SWPipeline", "DataFlowPipeline"])
+def test_progress_runs_the_callers_units_up_to_the_oldest_iteration_and_a_held_step_its_whole_period(
+        engine: str) -> None:
+    log = ExecLog()
+    pipe = load_fwd_step_pipe(engine, log)
+    main = threading.current_thread().name
+    it = pipe.fill_pipeline(range(6))
+    assert log.starts_on(main) == []  # the caller's units run only inside progress()
+    assert pipe.progress(it) == 0
+    assert log.starts_on(main) == [("Fwd", 0), ("Step", 0)]  # not Fwd(1), submitted after Step(0) in its period
+    assert pipe.progress(it, advance=False) == 1
+    assert log.starts_on(main)[2:] == [("Fwd", 1), ("Step", 1), ("Fwd", 2)]  # a held step: the whole period
+    pipe.advance()
+    assert pipe.progress(it) == 2
+    assert log.starts_on(main)[5:] == [("Step", 2)]
+    assert progress_until_stop(pipe, it) == [3, 4, 5]
+    assert log.starts_on(main)[6:] == [("Fwd", 3), ("Step", 3), ("Fwd", 4), ("Step", 4), ("Fwd", 5), ("Step", 5)]
     assert swp_threads() == []
 
 

@@ -123,7 +123,7 @@ def test_the_suggestion_keeps_the_order_and_trains_like_the_serial_loop_on_both_
     plan = found.plan
     assert not found.kept_baseline and found.speedup is not None and found.speedup > 1.3  # Load moved off
     assert {n: (s.stage, s.thread_group) for n, s in plan.schedules.items()} == {
-        "Load": (0, "g1"), "Forward": (0, "default"), "Backward": (1, "default"), "Step": (1, "default")}
+        "Load": (0, "g1"), "Forward": (1, "default"), "Backward": (1, "default"), "Step": (1, "default")}
     assert plan.inter["Forward"] == [("Step", 1)]  # declared: kept on any thread or stream
     assert orders_dropped(plan, analysis_orders(analysis)) == []
     expected = train(loop, loop.one_thread(), "serial")

@@ -110,6 +110,19 @@ def test_caller_thread_group_runs_on_the_caller() -> None:
     assert result.seconds == 11
 
 
+@pytest.mark.parametrize("engine", ["clocked", "dataflow"])
+def test_the_caller_hands_out_the_next_period_once_the_oldest_iteration_is_done(engine: str) -> None:
+    # The caller's period runs S(i - 2), then F(i - 1). Iteration 0 retires when S(0) ends (7), and L(3) is handed
+    # out then, starting one wake-up later (8), while the caller goes on with F(1): not after it (10).
+    plan = chain(("L", 0, "l", "load"), ("F", 1, None, "default"), ("S", 2, None, "default"))
+    wake = EngineOverheads(wake=1, unit=0, period=0, retire=0, thread_start=0, thread_stop=0)
+    result = simulate(plan, {"L": 2, "F": 2, "S": 2}, 4, engine, 3 if engine == "dataflow" else None,
+                      overheads=wake, caller_thread_group="default")
+    assert spans(result) == [("L", 0, 0, 2), ("L", 1, 2, 4), ("F", 0, 3, 5), ("L", 2, 4, 6), ("S", 0, 5, 7),
+                             ("F", 1, 7, 9), ("L", 3, 8, 10), ("S", 1, 9, 11), ("F", 2, 11, 13), ("S", 2, 13, 15),
+                             ("F", 3, 15, 17), ("S", 3, 17, 19)]
+
+
 def test_device_work_queues_on_its_stream() -> None:
     plan = chain(("H2D", 0, "copy", "io"), ("Fwd", 1, None, "default"))
     costs = TaskCosts({"H2D": TaskCost(1, device=3), "Fwd": TaskCost(1, device=5)})

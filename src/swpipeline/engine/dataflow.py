@@ -27,8 +27,8 @@ The step boundary (``progress(advance=False)``, see ``base``) waits for the unit
 out that do not wait, directly or through others, on a unit not handed out
 (``Schedule.settle`` finds them on paper: they are what runs if nothing more is handed
 out, whatever the timing). That includes later iterations' units the engine ran ahead
-on, within the live contexts; the caller's group has run up to the oldest iteration's
-last period and runs nothing in between.
+on, within the live contexts; the caller's group has run the oldest iteration's last
+period (a held step runs the whole of it) and runs nothing in between.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ entered in which period (``release.Entries``) and, per thread group, how far alo
 group's order (``Schedule.walk``) it has handed out::
 
     fill / resume     rule.fill_step: draw, then hand out, once per step of the fill
-    progress()        [the caller's group runs its units up to rule.caller_through]
+    progress()        [the caller's group runs its units (run_caller_units): up to rule.caller_through,
+                       the oldest iteration's last period, and in it up to its last units]
                       rule.retired: the oldest retires, draw           then hand out
     hand out          number the turns of the newly decided periods, then walk every
                       group's order as far as the rule released it and put what it
@@ -20,7 +21,10 @@ unit is always handed out: for the clock its period is released before anyone wa
 its iteration; for the data-flow engine, with ``max_depth >= depth`` its iteration has
 a context, and a smaller ``max_depth`` is accepted only if ``Schedule.check`` runs the
 plan to the end with it. The caller's group runs in each call only up to the oldest
-iteration's last period, and everything such a unit waits for is handed out already.
+iteration's last period, and everything such a unit waits for is handed out already;
+within that period it may stop after the oldest iteration's last units
+(``Schedule.runs_before_retire``): every unit earlier in the order is then run or handed
+out, so the oldest completes.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 
 from ..plan.model import IterContext
 from .release import Entries, Released, ReleaseRule
-from .schedule import Position, Schedule, Slot
+from .schedule import WHOLE_PERIOD, Position, Schedule, Slot
 
 if TYPE_CHECKING:
     from .run import Run
@@ -54,8 +58,8 @@ class HandOut:
         self._puts: List[Tuple[Callable[..., None], bool]] = []
         self._fetch: Optional["functools.partial[Optional[IterContext]]"] = None  # see _fetch_from
         self._fetch_iter: Optional[Iterator[Any]] = None  # the data iterator _fetch draws from
-        # the last period whose units of the caller's group a progress() call runs (the rule's, bound)
-        self.caller_through: Callable[[], int] = functools.partial(rule.caller_through, self.entries)
+        self._caller_through: Callable[[], int] = functools.partial(rule.caller_through, self.entries)
+        self._cut = schedule.retire_cut
 
     # -- what the engine calls -----------------------------------------------------------------------
 
@@ -79,6 +83,14 @@ class HandOut:
         for _ in range(self.rule.fill_steps):
             self.rule.fill_step(self.entries, fetch)
             self._hand_out(self.rule.released(self.entries))
+
+    def run_caller_units(self, advance: bool = True) -> None:
+        """What a ``progress()`` call runs of the caller's group before it retires the oldest iteration: up to
+        the oldest's last period (the rule's ``caller_through``) and, of it, up to the last stage's units
+        (``Schedule.runs_before_retire``), or all of it when the step holds (``advance`` False)."""
+        caller = self.run.caller
+        if caller is not None:
+            caller.run_queued(self._caller_through(), self._cut if advance else WHOLE_PERIOD)
 
     def after_retire(self, oldest: int, data_iter: Optional[Iterator[Any]]) -> None:
         fetch = None if data_iter is None else self._fetch_from(data_iter)
@@ -105,7 +117,9 @@ class HandOut:
             end = self.positions[group]
             if group == self.caller_group:  # it runs only inside progress(): what it ran is done, the rest waits
                 caller = self.run.caller
-                end = min(end, (caller.ran_through + 1, 0)) if caller is not None else end
+                if caller is not None:  # every unit up to its last stop ran
+                    period, cut = caller.ran_to
+                    end = min(end, (period, sum(slot.position <= cut for slot in slots)))
             queue = queues[group] = []
             for period in range(first, end[0] + 1):
                 for k, slot in enumerate(slots):

@@ -299,8 +299,7 @@ class _PipelineBase:
         if run.next_retire >= run.num_created:  # nothing in flight
             self._resume_or_finish(run, data_iter)
         try:
-            if run.caller is not None:
-                run.caller.run_queued(run.handout.caller_through())
+            run.handout.run_caller_units(advance)
             oldest = run.retire_oldest()
             if advance:
                 run.modes = Modes.capture(self._mode_types)

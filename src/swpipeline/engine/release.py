@@ -15,7 +15,8 @@ an iteration entered there, or none ever will (a *gap*)::
     both            a unit that takes turns (the sequencer, a shared stream) also needs its
                     period's turns numbered: p <= the last decided entry, or the data ended
     caller's group  only inside progress(), and only p <= e + depth - 1, e the oldest live
-                    iteration's entry: its last period
+                    iteration's entry: its last period (of which a progress() that goes on
+                    runs the units up to the last stage's: Schedule.runs_before_retire)
 
 A step without a batch (``progress(None)``, ``drain()``) decides the entries up to the
 next iteration's last period as gaps, on both engines, so that every group's order

@@ -61,6 +61,7 @@ class Slot:
 Unit = Tuple[int, Slot, T]
 Work = Unit[IterContext]  # a unit as a worker runs it
 Position = Tuple[int, int]  # where a thread group's walk stands: (period, index into the group's slots)
+WHOLE_PERIOD = 1 << 30  # a submission position past every slot's: "all of the period" (see runs_before_retire)
 
 
 class ScheduleError(RuntimeError):
@@ -80,10 +81,28 @@ class Schedule:
     lanes: Dict[str, Tuple[Slot, ...]]  # each thread group's slots, in submission order (groups in first-use order)
     # per group: its slots, its lowest stage, whether a slot of it takes turns (derived from ``lanes``)
     _lane_walks: Dict[str, Tuple[Tuple[Slot, ...], int, bool]] = field(init=False, repr=False, compare=False)
+    # the last submission position of a slot of the last stage: in its last period an iteration is done once
+    # every unit up to there is (see ``runs_before_retire``); WHOLE_PERIOD with one thread group
+    retire_cut: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_lane_walks", {g: (v, min(s.stage for s in v), any(s.takes_turns for s in v))
                                                  for g, v in self.lanes.items()})
+        last = [s.position for s in self.slots if s.stage == self.depth - 1]
+        object.__setattr__(self, "retire_cut", max(last) if len(self.lanes) > 1 and last else WHOLE_PERIOD)
+
+    def runs_before_retire(self, period: int, slot: Slot, through: int) -> bool:
+        """Whether the caller's own group runs this unit before retiring the oldest iteration, whose last
+        period is ``through`` (``release.ReleaseRule.caller_through``).
+
+        It runs every unit of the periods before, and of that period those submitted up to the last
+        unit of the last stage (``retire_cut``): the oldest iteration's units there are that stage's,
+        and each waits only on units submitted before it, so once those have run the oldest can
+        retire, and the next period is handed out while the caller still has the rest of this one
+        to do (``progress(advance=False)`` runs the whole period first: see ``CallerWorker``). With one
+        thread group nobody else could take the next period early: the caller runs its whole period.
+        """
+        return period < through or (period == through and slot.position <= self.retire_cut)
 
     @classmethod
     def build(cls, plan: PipelinePlan, stream_labels: Mapping[str, str],
@@ -228,7 +247,7 @@ class Schedule:
         stuck.
 
         The caller fills, then repeatedly runs its own group's units (``caller_group``: only
-        those the rule lets one ``progress()`` call run), retires the oldest iteration once
+        those one ``progress()`` call runs, ``runs_before_retire``), retires the oldest iteration once
         all its units are done, and hands out what the rule then releases, exactly as the
         engines do. Each other thread group is a FIFO of the units handed to it. A unit may
         run once its dependencies are done and it is its turn (in the sequencer, and on a
@@ -290,7 +309,7 @@ class Schedule:
             for group, queue in queues.items():
                 while heads[group] < len(queue) and ready(queue[heads[group]]):
                     period, slot, it = queue[heads[group]]
-                    if group == caller_group and period > caller_through:
+                    if group == caller_group and not self.runs_before_retire(period, slot, caller_through):
                         break  # the caller runs these in a later progress() call
                     done.add((slot.index, it))
                     remaining[it] -= 1
@@ -299,7 +318,7 @@ class Schedule:
                     heads[group] += 1
                     moved = True
             caller_busy = caller_group is not None and heads[caller_group] < len(queues[caller_group]) and \
-                queues[caller_group][heads[caller_group]][0] <= caller_through
+                self.runs_before_retire(*queues[caller_group][heads[caller_group]][:2], caller_through)
             if remaining[retired] == 0 and not caller_busy:  # progress() runs its units first, then retires
                 entries.retire(retired)
                 retired += 1

@@ -28,7 +28,6 @@ Guarantees:
 from __future__ import annotations
 
 import collections
-import contextlib
 import ctypes
 import queue
 import signal
@@ -42,7 +41,7 @@ import torch
 
 from ..devices.annotations import profiler_active
 from .modes import Modes, weight_cache_off
-from .schedule import Work as Unit
+from .schedule import WHOLE_PERIOD, Work as Unit
 
 __all__: List[str] = []
 
@@ -266,31 +265,42 @@ class CallerWorker(_UnitRunner):
         self._run_unit, self._annotated_unit = run_units
         self._report = report
         self._board = board
-        self.ran_through = -1  # the ``through`` of the last run_queued call: every unit up to it has run
+        self.ran_to: Tuple[int, int] = (-1, WHOLE_PERIOD)  # (through, cut) of the last run_queued: all up to it ran
 
     def put(self, units: Sequence[Unit], modes: Optional[Modes] = None, period: Optional[int] = None) -> None:
         """Queue ``units``; ``period``: the (virtual) period they all belong to, if the engine runs the group
-        only up to some period per call (see ``run_queued``)."""
+        only up to some point per call (see ``run_queued``)."""
         self._queue.append((modes, units, period))
 
-    def run_queued(self, through: Optional[int] = None) -> None:
+    def run_queued(self, through: int, cut: int = WHOLE_PERIOD) -> None:
         """Run what was queued, in order, each item under the modes of the call that handed it out.
 
-        ``through``: stop before the first item of a later period; it and the rest stay queued
-        for a later call.
+        Only the units of periods up to ``through`` run and, of that period, those whose
+        slot's submission position is at most ``cut`` (``WHOLE_PERIOD``: all of them); the
+        rest stays queued for a later call.
         """
-        if through is not None:
-            self.ran_through = through
-        pending = self._queue
+        self.ran_to = (through, cut)
+        pending, run_units = self._queue, self._run_units
         while pending:
             modes, units, period = pending.popleft()
-            if through is not None and period is not None and period > through:
-                pending.appendleft((modes, units, period))
-                return
-            with modes.applied() if modes is not None else contextlib.nullcontext():
-                if not self._run_units(units):
-                    pending.clear()
+            if period is not None and period >= through:
+                if period > through or units[0][1].position > cut:  # (period, slot, context)
+                    pending.appendleft((modes, units, period))
                     return
+                if units[-1][1].position > cut:  # the rest of the period waits for the next call
+                    k = len(units) - 1
+                    while units[k - 1][1].position > cut:  # slots in submission order
+                        k -= 1
+                    pending.appendleft((modes, units[k:], period))
+                    units = units[:k]
+            if modes is None:
+                ok = run_units(units)
+            else:
+                with modes.applied():
+                    ok = run_units(units)
+            if not ok:
+                pending.clear()
+                return
 
     def stop(self) -> None:
         self._queue.clear()

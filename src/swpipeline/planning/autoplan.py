@@ -100,7 +100,7 @@ def search_plan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRe
         num_iterations: iterations simulated per candidate.
         tolerance: among plans within this share of the fastest, the baseline is kept if it is
             one of them, else the simplest is chosen (fewest iterations alive, thread groups,
-            streams); 0 for the fastest.
+            streams, stages within a thread group); 0 for the fastest.
         overheads, data_seconds, jitter: as for ``simulate``.
         globally_ordered: names of tasks to keep globally ordered (also taken from ``baseline``).
         exhaustive_limit: search exhaustively while the space holds at most this many candidates.

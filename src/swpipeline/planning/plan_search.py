@@ -13,7 +13,8 @@ it (cached). Two searches share it, and both are deterministic:
 Among the candidates within ``tolerance`` of the fastest, the baseline wins if it is one
 of them (a change is suggested only where it is predicted to pay off); else the
 simplest: fewest iterations alive, then fewest thread groups, then fewest streams, then
-the first in candidate order.
+fewest stages within thread groups (a thread group's tasks all at one stage, where that is as
+fast), then the fastest, then the first in candidate order.
 """
 
 from __future__ import annotations
@@ -133,7 +134,8 @@ class Scorer:
         if keep is not None and self.seconds(keep) <= fastest * (1 + tolerance):
             return keep
         near = [cand for cand, seconds in self.cache.items() if seconds <= fastest * (1 + tolerance)]
-        return min(near, key=lambda c: (max(c[0]) + 1, max(c[1]) + 1, max(c[2]) + 1, self.cache[c], c))
+        return min(near, key=lambda c: (max(c[0]) + 1, max(c[1]) + 1, max(c[2]) + 1, len(set(zip(c[0], c[1]))),
+                                        self.cache[c], c))
 
 
 def _names(blocks: Sequence[int], load: Sequence[float], pool: Sequence[Optional[str]]) -> Dict[int, Optional[str]]:

@@ -31,7 +31,8 @@ A release (one clock tick) and a top-up are the engine's own release rule
 (``release.py``) applied to paper entries: it draws batches (each costs the engine's
 period cost plus the data time), then every group's order (``Schedule.walk``) is handed
 out as far as the rule allows, as the engines do it; the caller's group runs, per call,
-up to the rule's ``caller_through``. Retiring waits for the iteration's last unit (+ wake).
+up to the oldest iteration's last units (``Schedule.runs_before_retire``). Retiring waits
+for the iteration's last unit (+ wake).
 Every unit and caller action keeps what made it wait last
 (its *cause*), which is how the critical path is read back.
 """
@@ -186,11 +187,14 @@ class Simulation:
 
     def _caller_upto(self, retiring: int) -> int:
         """How far the caller's group's units go in an CALLER_UNITS action before retiring iteration ``retiring``:
-        those of periods up to the rule's ``caller_through`` (the oldest iteration's last), of those handed out."""
+        those a ``progress()`` call runs (``Schedule.runs_before_retire``: up to the last-stage units of the
+        rule's ``caller_through``, the oldest iteration's last period), of those handed out."""
         g = self.caller_group
         assert g is not None
-        last, periods, h = self.rule.caller_through(self.entries), self.seq.periods[g], self.head[g]
-        while h < self.handed[g] and periods[h] <= last:
+        last, periods, slots, h = self.rule.caller_through(self.entries), self.seq.periods[g], self.seq.slots[g], \
+            self.head[g]
+        runs = self.c.schedule.runs_before_retire
+        while h < self.handed[g] and runs(periods[h], slots[h], last):
             h += 1
         return h
 
