@@ -110,7 +110,7 @@ def test_a_waiter_that_registers_while_the_completer_is_between_its_two_steps_is
     board = CompletionBoard(["A"])
     completer = threading.Thread(target=board.complete, args=(0, 0), name="completer")
     read_the_count = Checkpoint(hold=True)
-    board._waiters = OnRead([0], completer, read_the_count)
+    board.waiters = OnRead([0], completer, read_the_count)
     completer.start()
     try:
         read_the_count.wait()
@@ -121,7 +121,7 @@ def test_a_waiter_that_registers_while_the_completer_is_between_its_two_steps_is
     finally:
         read_the_count.release()
         completer.join(BOUND)
-    assert not completer.is_alive() and board.done == [1] and board._waiters == [0]
+    assert not completer.is_alive() and board.done == [1] and board.waiters == [0]
 
 
 def test_a_waiter_slow_between_registering_and_sleeping_is_woken() -> None:
@@ -136,9 +136,9 @@ def test_a_waiter_slow_between_registering_and_sleeping_is_woken() -> None:
     completer = threading.Thread(target=board.complete, args=(0, 0), name="completer")
     try:
         read_the_counter.wait()
-        assert read_the_counter.seen == [0] and board._waiters == [1] and board.lock.locked()
+        assert read_the_counter.seen == [0] and board.waiters == [1] and board.lock.locked()
         read_the_count = Checkpoint()
-        board._waiters = OnRead([1], completer, read_the_count)
+        board.waiters = OnRead([1], completer, read_the_count)
         completer.start()
         read_the_count.wait()
         assert read_the_count.seen == [1] and board.done == [1]  # counter written, the waiter seen: it notifies
@@ -146,7 +146,7 @@ def test_a_waiter_slow_between_registering_and_sleeping_is_woken() -> None:
         read_the_counter.release()  # the waiter goes on to sleep, which lets the completer's notify in
     assert waiter.outcome("the completer saw it") == ("returned", None)
     completer.join(BOUND)
-    assert not completer.is_alive() and board._waiters == [0]
+    assert not completer.is_alive() and board.waiters == [0]
 
 
 @pytest.mark.parametrize("waits_for", ["task", "iteration"])
@@ -234,7 +234,7 @@ def test_wait_task_raises_on_abort_and_on_timeout() -> None:
     read_the_counter.wait()
     board.abort()
     assert waiter.outcome("the abort") == ("raised", PipelineAborted)
-    assert read_the_counter.seen == [0] and board._waiters == [0]
+    assert read_the_counter.seen == [0] and board.waiters == [0]
 
 
 # -- turns: each waiting unit is woken alone ------------------------------------------------------------

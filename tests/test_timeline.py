@@ -115,7 +115,7 @@ def test_a_consumer_blocked_on_its_producer_records_the_wait() -> None:
 
     def slow_producer(ctx: IterContext) -> None:
         if ctx.iter_idx == 0:
-            assert wait_until(lambda: holder[0]._run.board._waiters[0] > 0)
+            assert wait_until(lambda: holder[0]._run.board.waiters[0] > 0)
 
     a, b = PipelineTask("A", slow_producer), PipelineTask("B", lambda ctx: None)
     plan = PipelinePlan({a: TaskSchedule(stage=0, thread_group="ta", stream="sa"),

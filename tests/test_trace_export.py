@@ -107,7 +107,7 @@ def test_trace_shows_a_wait_on_the_waiting_thread() -> None:
 
     def producer(ctx: IterContext) -> None:
         if ctx.iter_idx == 0:  # hold on until the consumer blocks on us: a certain wait
-            assert wait_until(lambda: holder[0]._run.board._waiters[0] > 0)
+            assert wait_until(lambda: holder[0]._run.board.waiters[0] > 0)
 
     a, b = PipelineTask("A", producer), PipelineTask("B", lambda ctx: None)
     pipe = SWPipeline(PipelinePlan({a: TaskSchedule(stage=0, thread_group="ta", stream="sa"),

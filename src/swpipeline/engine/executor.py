@@ -19,6 +19,10 @@ thread group's worker, as the run's task of that slot::
     device.record(event, stream)        # only if a consumer is on another stream
     board.complete(task, i)             # sets the CPU signal
 
+A unit with nothing but the launch and the signal to do (no batch event, no dependency
+to wait for, no turns, events, keep-alive or early frees, a device that calls the
+function directly: most units on the CPU) takes a path of its own that does just those.
+
 A traced run wraps this same function (``traced``): it times the phase-1 waits
 through the ``wait`` it passes in and the task body through the recorder's shadow
 task; nothing of the protocol is repeated, and an untraced run takes no recording
@@ -85,11 +89,17 @@ def make_unit_runner(board: "CompletionBoard", device: Device, launch: Launch, t
     after the caller drew iteration ``i``'s batch (``Run.fetch``), a stream of None meaning
     that no task needs to wait for it.
     """
-    done = board.done
+    done, waiters, wake = board.done, board.waiters, board.wake
     complete = board.complete
     wait_task = wait or board.wait_task
     slots, timeout = event_slots, signal_timeout
     direct = getattr(launch, "direct", False)  # launch(task, ctx) is task.exec_fn(ctx): save the call
+    # Per task: its function when a unit of it does nothing but call it and complete (no batch event, no
+    # dependency to wait for, plain, no early frees, launched directly), else None: most units of a CPU run
+    bare: List[Optional[Callable[[IterContext], Any]]] = [None] * (max((t.index for t in tasks), default=-1) + 1)
+    for t in tasks:
+        if direct and t.plain and free is None and not (t.waits_batch or t.wait_intra or t.wait_inter):
+            bare[t.index] = t.exec_fn
 
     def in_turns(task: BoundTask, ctx: IterContext, i: int) -> None:
         key, call = (task.index, i), partial(launch, task, ctx)
@@ -118,8 +128,15 @@ def make_unit_runner(board: "CompletionBoard", device: Device, launch: Launch, t
 
     def run_unit(unit: Work) -> None:
         _, slot, ctx = unit
-        task = tasks[slot.index]
-        i = ctx.iter_idx
+        index, i = slot.index, ctx.iter_idx
+        fn = bare[index]
+        if fn is not None:
+            fn(ctx)
+            done[index] = i + 1  # board.complete, written out (see CompletionBoard.waiters)
+            if waiters[index]:
+                wake(index)
+            return
+        task = tasks[index]
         stream = task.stream
         if task.waits_batch:
             drawn_on = batch_streams[i % slots]

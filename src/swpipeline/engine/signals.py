@@ -46,22 +46,28 @@ class CompletionBoard:
         self.lock = threading.Lock()
         self._task_cond = [threading.Condition(self.lock) for _ in task_names]
         self.done: List[int] = [0] * len(task_names)
-        self._waiters = [0] * len(task_names)  # threads waiting on each task (changed under the lock only)
+        # threads waiting on each task (changed under the lock only); the unit executor, which completes
+        # most tasks, reads it itself to skip a call: ``done[task] = i + 1``, then ``wake`` if this is not 0
+        self.waiters = [0] * len(task_names)
         self.aborted = False
 
     def complete(self, task: int, iter_idx: int) -> None:
         """Mark ``task`` done for ``iter_idx`` and wake whoever waits on it (see the module docstring)."""
         self.done[task] = iter_idx + 1
-        if self._waiters[task]:
-            with self.lock:
-                self._task_cond[task].notify_all()
+        if self.waiters[task]:
+            self.wake(task)
+
+    def wake(self, task: int) -> None:
+        """Wake whoever waits on ``task`` (its counter was just raised)."""
+        with self.lock:
+            self._task_cond[task].notify_all()
 
     def wait_task(self, task: int, iter_idx: int, timeout: float, waiter: str, waiter_iter: int) -> None:
         """Block until ``task`` is done for ``iter_idx`` (the caller checked the fast path)."""
         deadline = time.monotonic() + timeout
         cond = self._task_cond[task]
         with self.lock:
-            self._waiters[task] += 1
+            self.waiters[task] += 1
             try:
                 while self.done[task] <= iter_idx:
                     if self.aborted:
@@ -71,7 +77,7 @@ class CompletionBoard:
                         raise DependencyTimeoutError(waiter, waiter_iter, self.names[task], iter_idx, timeout)
                     cond.wait(left)
             finally:
-                self._waiters[task] -= 1
+                self.waiters[task] -= 1
 
     def is_iteration_done(self, iter_idx: int) -> bool:
         return min(self.done) > iter_idx
@@ -96,7 +102,7 @@ class CompletionBoard:
                 continue
             cond = self._task_cond[task]
             with self.lock:
-                self._waiters[task] += 1
+                self.waiters[task] += 1
                 try:
                     while done[task] <= iter_idx:
                         if failed():
@@ -106,7 +112,7 @@ class CompletionBoard:
                             return False
                         cond.wait(left)
                 finally:
-                    self._waiters[task] -= 1
+                    self.waiters[task] -= 1
         return True
 
     def unfinished(self, iter_idx: int) -> List[str]:
