@@ -70,6 +70,10 @@ How to read the table
     inside units. A thread that waits only for the hand-off itself shows a boundary gap
     of about one thread wake-up (25-30 us on this project's machine).
 
+``--task-times D`` prints, instead, how long each task's wait of ``D`` us took as seen from
+inside the task (the GIL-free call plus taking the GIL back), per thread group and method:
+the share of a task a thread spends waiting for the other thread's Python code.
+
 Run: ``python benchmarks/vs_handwritten.py`` (about 2 minutes), ``--quick`` for a ~15 s
 smoke run.
 """
@@ -409,6 +413,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--trace", default=None, metavar="PATH",
                         help="write the traced run of the ms-task plan (period-boundary gaps) to PATH as Chrome/"
                              "Perfetto trace JSON")
+    parser.add_argument("--task-times", type=float, default=None, metavar="D",
+                        help="instead of the tables: with tasks of D us, how long each task's wait took inside the "
+                             "task (taking the GIL back included), per thread group, under each method")
     parser.add_argument("--workers-column", action="store_true",
                         help=f"add a column {WORKERS!r}: SWPipeline(plan, caller_thread_group=None), every thread "
                              f"group on a worker thread")
@@ -435,6 +442,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
           f"fine-grained wait: torch.sin, {SinWait._fixed_us:.1f} us + {SinWait._per_elem_us * 1e3:.2f} ns/element")
     print()
 
+    if args.task_times is not None:
+        print_task_times(args.task_times, args.repeats, args.device)
+        return
     fine: List[Row] = []
     ms_rows: List[Row] = []
     target_s = 0.05 if args.quick else 0.15
@@ -470,6 +480,49 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                       f"{'met' if sp >= 1.9 else 'NOT met'} (ideal at {r.iters} iterations: "
                       f"{2 * r.iters / (r.iters + 1):.2f}x)")
         print_boundary_gaps(make_tasks([_sleeper(ms) for ms in MS_COSTS]), args.iters, args.device, args.trace)
+
+
+class TimedWait:
+    """A wait that also records how long each call took, as seen from Python: the GIL-free ``torch.sin`` plus
+    taking the GIL back afterwards, which another thread's Python code can delay."""
+
+    def __init__(self, wait: SinWait, seconds: List[float]) -> None:
+        self.wait, self.seconds = wait, seconds
+
+    def __call__(self) -> None:
+        start = time.perf_counter()
+        self.wait()
+        self.seconds.append(time.perf_counter() - start)  # one thread per task: list.append is enough
+
+
+def print_task_times(us: float, repeats: int, device: str) -> None:
+    """The ``--task-times`` table: per method, us per iteration and each thread group's task times (mean, p90)."""
+    wait = SinWait(us).refine()
+    load_s: List[float] = []
+    rest_s: List[float] = []
+    fns = make_tasks([TimedWait(wait.copy(), load_s if k < LOAD_TASKS else rest_s) for k in range(NUM_TASKS)])
+    plan = build_plan(fns, STAGES_3)
+    iters = fine_iters(us, 0.3, 500)
+    runs: Dict[str, Callable[[Iterable[Any]], float]] = {
+        "serial": lambda data: run_plain(fns, data), "thread+Queue": lambda data: run_thread_queue(fns, data),
+        "SWPipeline": engine_runner(plan, "SWPipeline", device), "DataFlow(3)": engine_runner(plan, "DataFlow", device)}
+    rows = []
+    for name, run in runs.items():
+        per_it: List[float] = []
+        load_all: List[float] = []
+        rest_all: List[float] = []
+        for _ in range(repeats):
+            load_s.clear()
+            rest_s.clear()
+            per_it.append(run(range(iters)) / iters)
+            load_all += load_s
+            rest_all += rest_s
+        load_us, rest_us = [t * 1e6 for t in load_all], [t * 1e6 for t in rest_all]
+        rows.append([name, f"{statistics.median(per_it) * 1e6:.0f}", f"{statistics.mean(load_us):.1f}",
+                     _us(load_us, 90), f"{statistics.mean(rest_us):.1f}", _us(rest_us, 90)])
+    print(f"tasks of {us:g} us (one call alone: {wait.measured_us():.1f} us), {iters} iterations x {repeats}: how "
+          f"long each task's wait took inside the task, in us")
+    print(format_table(["method", "us/it", "load: mean", "p90", "default: mean", "p90"], rows, left=1))
 
 
 def boundary_gaps(timeline: Any) -> List[List[str]]:
