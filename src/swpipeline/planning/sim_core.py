@@ -191,10 +191,9 @@ class Simulation:
         rule's ``caller_through``, the oldest iteration's last period), of those handed out."""
         g = self.caller_group
         assert g is not None
-        last, periods, slots, h = self.rule.caller_through(self.entries), self.seq.periods[g], self.seq.slots[g], \
-            self.head[g]
-        runs = self.c.schedule.runs_before_retire
-        while h < self.handed[g] and runs(periods[h], slots[h], last):
+        last, cut = self.rule.caller_through(self.entries), self.c.schedule.retire_cut
+        periods, positions, h, handed = self.seq.periods[g], self.seq.positions[g], self.head[g], self.handed[g]
+        while h < handed and (periods[h] < last or periods[h] == last and positions[h] <= cut):  # (written out)
             h += 1
         return h
 

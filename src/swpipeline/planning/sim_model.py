@@ -25,7 +25,7 @@ from ..devices.device import CPUDevice
 from ..plan.model import PipelinePlan
 from ..engine.runtime import build_tasks
 from ..engine.release import ALL, Released, rule_of
-from ..engine.schedule import Schedule, Slot
+from ..engine.schedule import Schedule
 
 __all__: List[str] = []
 
@@ -90,7 +90,8 @@ def compile_plan(plan: PipelinePlan) -> CompiledPlan:
 class UnitSequences:
     """Each thread group's units for ``N`` iterations, and each turn line's order.
 
-    ``tasks[g][h]``, ``iters[g][h]``, ``periods[g][h]``, ``slots[g][h]``: the ``h``-th unit of group ``g``, in
+    ``tasks[g][h]``, ``iters[g][h]``, ``periods[g][h]``, ``positions[g][h]`` (its slot's submission position):
+    the ``h``-th unit of group ``g``, in
     the order ``Schedule.walk`` gives (the one the engines hand out). ``lines[l]``: the
     units of turn line ``l`` as ``iteration * n + task``, in turn order.
     """
@@ -98,7 +99,7 @@ class UnitSequences:
     tasks: List[List[int]]
     iters: List[List[int]]
     periods: List[List[int]]
-    slots: List[List[Slot]]
+    positions: List[List[int]]
     lines: List[List[int]]
 
 
@@ -111,19 +112,19 @@ def unit_sequences(compiled: CompiledPlan, num_iterations: int) -> UnitSequences
     tasks: List[List[int]] = []
     iters: List[List[int]] = []
     periods: List[List[int]] = []
-    slots: List[List[Slot]] = []
+    positions: List[List[int]] = []
     for group in compiled.groups:
         units = schedule.walk(group, (0, 0), entered, everything, horizon)[0]
         tasks.append([slot.index for _, slot, _ in units])
         iters.append([it for _, _, it in units])
         periods.append([period for period, _, _ in units])
-        slots.append([slot for _, slot, _ in units])
+        positions.append([slot.position for _, slot, _ in units])
     lines: List[List[int]] = [[] for _ in range(compiled.num_lines)]
     for period in range(horizon + 1):
         for slot, it in schedule.units(period, entered):
             for line in compiled.lines_of[slot.index]:
                 lines[line].append(it * n + slot.index)
-    return UnitSequences(tasks, iters, periods, slots, lines)
+    return UnitSequences(tasks, iters, periods, positions, lines)
 
 
 def caller_group_allowed(engine: str, live: int, depth: int) -> bool:
