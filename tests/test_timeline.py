@@ -7,6 +7,7 @@ and that derived figures equal what the records say.
 from __future__ import annotations
 
 import gc
+import inspect
 import json
 import threading
 import time
@@ -160,7 +161,8 @@ def test_an_untraced_run_creates_no_trace_objects(monkeypatch: pytest.MonkeyPatc
     pipe = SWPipeline(sparse_dist_plan(ExecLog()), device="cpu")
     it = pipe.fill_pipeline(range(5))
     workers = pipe._run.workers.values()
-    assert all(w._run_unit.__qualname__ == "make_unit_runner.<locals>.run_unit" for w in workers)  # not wrapped
+    assert all(inspect.getclosurevars(w._run_batch).nonlocals["run_unit"].__qualname__ ==
+               "make_unit_runner.<locals>.run_unit" for w in workers)  # not wrapped for recording
     while True:
         try:
             pipe.progress(it)

@@ -19,9 +19,11 @@ thread group's worker, as the run's task of that slot::
     device.record(event, stream)        # only if a consumer is on another stream
     board.complete(task, i)             # sets the CPU signal
 
-A unit with nothing but the launch and the signal to do (no batch event, no dependency
-to wait for, no turns, events, keep-alive or early frees, a device that calls the
-function directly: most units on the CPU) takes a path of its own that does just those.
+A worker runs a queue item's units through ``make_batch_runner``: one after the other,
+each through the unit executor above, except a unit with nothing but the launch and the
+signal to do (no batch event, no dependency to wait for, no turns, events, keep-alive or
+early frees, a device that calls the function directly: most units on the CPU), which
+the batch runner does in line (``bare_functions``).
 
 A traced run wraps this same function (``traced``): it times the phase-1 waits
 through the ``wait`` it passes in and the task body through the recorder's shadow
@@ -32,7 +34,7 @@ branch anywhere.
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from ..devices.annotations import run_annotated
 from ..devices.device import Device
@@ -89,17 +91,11 @@ def make_unit_runner(board: "CompletionBoard", device: Device, launch: Launch, t
     after the caller drew iteration ``i``'s batch (``Run.fetch``), a stream of None meaning
     that no task needs to wait for it.
     """
-    done, waiters, wake = board.done, board.waiters, board.wake
+    done = board.done
     complete = board.complete
     wait_task = wait or board.wait_task
     slots, timeout = event_slots, signal_timeout
     direct = getattr(launch, "direct", False)  # launch(task, ctx) is task.exec_fn(ctx): save the call
-    # Per task: its function when a unit of it does nothing but call it and complete (no batch event, no
-    # dependency to wait for, plain, no early frees, launched directly), else None: most units of a CPU run
-    bare: List[Optional[Callable[[IterContext], Any]]] = [None] * (max((t.index for t in tasks), default=-1) + 1)
-    for t in tasks:
-        if direct and t.plain and free is None and not (t.waits_batch or t.wait_intra or t.wait_inter):
-            bare[t.index] = t.exec_fn
 
     def in_turns(task: BoundTask, ctx: IterContext, i: int) -> None:
         key, call = (task.index, i), partial(launch, task, ctx)
@@ -128,15 +124,8 @@ def make_unit_runner(board: "CompletionBoard", device: Device, launch: Launch, t
 
     def run_unit(unit: Work) -> None:
         _, slot, ctx = unit
-        index, i = slot.index, ctx.iter_idx
-        fn = bare[index]
-        if fn is not None:
-            fn(ctx)
-            done[index] = i + 1  # board.complete, written out (see CompletionBoard.waiters)
-            if waiters[index]:
-                wake(index)
-            return
-        task = tasks[index]
+        task = tasks[slot.index]
+        i = ctx.iter_idx
         stream = task.stream
         if task.waits_batch:
             drawn_on = batch_streams[i % slots]
@@ -164,6 +153,72 @@ def make_unit_runner(board: "CompletionBoard", device: Device, launch: Launch, t
         complete(task.index, i)
 
     return run_unit
+
+
+class Holder(Protocol):
+    """The worker a batch runs for: it names the unit it is running and reports a failure."""
+
+    current: Optional[Work]
+
+    def report(self, exc: BaseException, unit: Optional[Work]) -> None: ...
+
+
+RunBatch = Callable[[Sequence[Work], Holder], bool]
+
+
+def bare_functions(tasks: Sequence[BoundTask], launch: Launch,
+                   free: Optional[Callable[[int, IterContext], None]] = None) -> List[Optional[Callable[..., Any]]]:
+    """Per task index: the task's function if a unit of it has nothing to do but call it and signal (no batch
+    event, no dependency to wait for, plain, no early frees, a launch that calls the function directly), else
+    None. On the CPU most units are so."""
+    bare: List[Optional[Callable[..., Any]]] = [None] * (max((t.index for t in tasks), default=-1) + 1)
+    if getattr(launch, "direct", False) and free is None:
+        for t in tasks:
+            if t.plain and not (t.waits_batch or t.wait_intra or t.wait_inter):
+                bare[t.index] = t.exec_fn
+    return bare
+
+
+def make_batch_runner(board: "CompletionBoard", run_unit: RunUnit,
+                      bare: Sequence[Optional[Callable[..., Any]]] = ()) -> RunBatch:
+    """What a worker runs a queue item with: its units in order, each through ``run_unit``, or, for a task
+    with a function in ``bare`` (``bare_functions``), that function and the signal written out in line
+    (``board.complete``: see ``CompletionBoard.waiters``), one call less per unit.
+
+    ``run_batch(units, holder)`` checks before each unit that the run was not aborted, names the unit in
+    ``holder.current`` while it runs (None once the batch is over, or failed: no code of the run's runs
+    between two units of a batch), hands a failure to ``holder.report``, and returns False if the worker
+    must end (aborted, or a unit failed).
+    """
+    done, waiters, wake = board.done, board.waiters, board.wake
+    bare = list(bare) + [None] * (len(board.done) - len(bare))
+
+    def run_batch(units: Sequence[Work], holder: Holder) -> bool:
+        for unit in units:
+            if board.aborted:
+                holder.current = None
+                return False
+            holder.current = unit
+            try:
+                _, slot, ctx = unit
+                index = slot.index
+                fn = bare[index]
+                if fn is None:
+                    run_unit(unit)
+                else:
+                    i = ctx.iter_idx
+                    fn(ctx)
+                    done[index] = i + 1
+                    if waiters[index]:
+                        wake(index)
+            except BaseException as exc:
+                holder.current = None
+                holder.report(exc, unit)
+                return False
+        holder.current = None
+        return True
+
+    return run_batch
 
 
 def traced(run_unit: RunUnit, recorder: "Recorder", clocked: bool) -> RunUnit:

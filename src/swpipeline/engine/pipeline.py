@@ -48,7 +48,7 @@ from .hooks import hooks_for
 from ..devices.annotations import resolve_emit_nvtx
 from ..devices.device import Device, DeviceSpec, resolve_device
 from .driving import DriverSeat, Occupancy, driving
-from .executor import Launch, RunUnit, make_launches, make_unit_runner, traced
+from .executor import Launch, RunBatch, bare_functions, make_batch_runner, make_launches, make_unit_runner, traced
 from .handout import HandOut
 from .lifetime import EarlyFree
 from .modes import Modes, device_types
@@ -181,10 +181,12 @@ class _PipelineBase:
             free = EarlyFree(self._free_uses).done if self._free_uses is not None else None
             tasks = recorder.runtimes if recorder is not None else run.tasks  # a traced run times shadow tasks
 
-            def executor(launch: Launch, timeout: float) -> RunUnit:
+            def executor(launch: Launch, timeout: float) -> RunBatch:
                 run_unit = make_unit_runner(run.board, self.device, launch, tasks, self._event_slots, timeout, wait,
                                             free, run.batch_events, run.batch_streams)
-                return traced(run_unit, recorder, self._rule.name == "clock") if recorder is not None else run_unit
+                if recorder is not None:  # every unit through the traced executor
+                    return make_batch_runner(run.board, traced(run_unit, recorder, self._rule.name == "clock"))
+                return make_batch_runner(run.board, run_unit, bare_functions(tasks, launch, free))
 
             plain, annotated = make_launches(self.device, labels, self._nvtx)
             run_units = (executor(plain, self.signal_timeout), executor(annotated, self.signal_timeout))

@@ -166,10 +166,10 @@ class Run:
         bounded by ``progress_timeout``: see ``on_caller_error``)."""
         for group in groups:
             if group == caller_group:
-                self.caller = CallerWorker(group, caller_units, self.on_caller_error, self.board)
+                self.caller = CallerWorker(group, caller_units, self.on_caller_error)
                 self.workers[group] = self.caller
                 continue
-            worker = Worker(group, run_units, self.on_worker_error, self.board, enter_thread(group))
+            worker = Worker(group, run_units, self.on_worker_error, enter_thread(group))
             self.workers[group] = worker  # registered before it starts, so that stop() always sees it
             worker.start()
 

@@ -35,24 +35,21 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, Deque, List, Optional, Protocol, Sequence, Tuple, Union
+from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from ..devices.annotations import profiler_active
 from .modes import Modes, weight_cache_off
+from .executor import RunBatch
 from .schedule import WHOLE_PERIOD, Work as Unit
 
 __all__: List[str] = []
 
 Report = Callable[[BaseException, Optional[Unit]], None]
-RunUnits = Tuple[Callable[..., None], Callable[..., None]]  # (plain, annotated): see _UnitRunner
+RunUnits = Tuple[RunBatch, RunBatch]  # (plain, annotated): see _UnitRunner
 
 
-class Aborted(Protocol):
-    """What a worker reads before each unit: whether its run was aborted (the run's CompletionBoard)."""
-
-    aborted: bool
 _STOP = object()
 _PR_SET_NAME = 15  # linux/prctl.h
 
@@ -117,43 +114,29 @@ def enter_worker_thread(torch_threads: int, device: Any, worker_init: Optional[C
 
 
 class _UnitRunner:
-    """What both kinds of worker share: running a queue item's units, one at a time, in order."""
+    """What both kinds of worker share: running a queue item's units, one at a time, in order, through the run's
+    batch runner (``executor.make_batch_runner``), which names the unit being run in ``current`` and hands a
+    failure to ``report``."""
 
-    current: Optional[Unit]  # the unit being run (None between units)
-    _run_unit: Callable[..., None]
-    _annotated_unit: Callable[..., None]
-    _report: Report
-    _board: Aborted
+    current: Optional[Unit]  # the unit being run (None between batches)
+    report: Report
+    _run_batch: RunBatch
+    _annotated_batch: RunBatch
 
     def _run_units(self, units: Sequence[Unit]) -> bool:
         """Run ``units`` in order; False if the worker must end (its run was aborted, or a unit failed)."""
-        run_unit = self._annotated_unit if profiler_active() else self._run_unit
-        board = self._board
-        for unit in units:
-            if board.aborted:
-                return False
-            self.current = unit
-            try:
-                run_unit(unit)
-            except BaseException as exc:
-                self.current = None
-                self._report(exc, unit)
-                return False
-            self.current = None
-        return True
+        return (self._annotated_batch if profiler_active() else self._run_batch)(units, self)
 
 
 class Worker(_UnitRunner):
     """A thread that runs the units put to it, in order, until stopped, aborted or failed."""
 
-    def __init__(self, group: str, run_units: RunUnits, report: Report, board: Aborted,
-                 enter_thread: Callable[[], None]) -> None:
+    def __init__(self, group: str, run_units: RunUnits, report: Report, enter_thread: Callable[[], None]) -> None:
         self.group = group
         self.current: Optional[Unit] = None
         self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
-        self._run_unit, self._annotated_unit = run_units
-        self._report = report
-        self._board = board
+        self._run_batch, self._annotated_batch = run_units
+        self.report = report
         self._enter_thread = enter_thread
         self._launched = False
         self._orphaned: Callable[[], None] = _nothing
@@ -229,7 +212,7 @@ class Worker(_UnitRunner):
         try:
             self._enter_thread()
         except BaseException as exc:
-            self._report(exc, None)
+            self.report(exc, None)
             return
         get, run_units = self._queue.get, self._run_units
         while True:
@@ -257,14 +240,13 @@ class CallerWorker(_UnitRunner):
     the first failure (reported through ``report``) exactly as a worker thread does.
     """
 
-    def __init__(self, group: str, run_units: RunUnits, report: Report, board: Aborted) -> None:
+    def __init__(self, group: str, run_units: RunUnits, report: Report) -> None:
         self.group = group
         self.current: Optional[Unit] = None
         self.thread: Optional[threading.Thread] = None
         self._queue: Deque[Tuple[Optional[Modes], Sequence[Unit], Optional[int]]] = collections.deque()
-        self._run_unit, self._annotated_unit = run_units
-        self._report = report
-        self._board = board
+        self._run_batch, self._annotated_batch = run_units
+        self.report = report
         self.ran_to: Tuple[int, int] = (-1, WHOLE_PERIOD)  # (through, cut) of the last run_queued: all up to it ran
 
     def put(self, units: Sequence[Unit], modes: Optional[Modes] = None, period: Optional[int] = None) -> None:
