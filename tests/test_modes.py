@@ -215,7 +215,7 @@ def test_tasks_run_with_the_cache_off_and_the_callers_setting_stays_its_own(engi
         return run
 
     own, caller = PipelineTask("Own", probe("Own")), PipelineTask("Caller", probe("Caller"))
-    plan = PipelinePlan({own: TaskSchedule(stage=0, thread_group="own"), caller: TaskSchedule(stage=1)},
+    plan = PipelinePlan({own: TaskSchedule(stage=0, stream="own", thread_group="own"), caller: TaskSchedule(stage=1)},
                         intra_iter_deps=[(caller, own)])
     pipe = ENGINES[engine](plan)
     with torch.autocast("cpu", dtype=torch.bfloat16):
