@@ -14,7 +14,8 @@ Guarantees:
 * after its run is aborted a worker starts no further unit: it checks before each;
 * units run through the run's plain executor, or through its annotated one (a profiler
   range per unit) while a torch profiler records: asked once per queue item;
-* ``current`` is the unit it is running (None between units), so that a straggler
+* ``current`` is the unit it is running (None between queue items; set by the run's batch
+  runner, ``executor.make_batch_runner``), so that a straggler
   can be named and a task that drives its own pipeline can be recognised;
 * once its thread has ended, what is left in its queue is dropped on request
   (``discard_queued``): units it will never run hold their contexts, the caller's batches;
