@@ -72,7 +72,9 @@ How to read the table
 
 ``--task-times D`` prints, instead, how long each task's wait of ``D`` us took as seen from
 inside the task (the GIL-free call plus taking the GIL back), per thread group and method:
-the share of a task a thread spends waiting for the other thread's Python code.
+the share of a task a thread spends waiting for the other thread's Python code. One more
+row runs the hand-written loop with 2.5 us of plain Python added after each main-thread
+task, to compare the engines with a hand-written loop that does that much Python.
 
 Run: ``python benchmarks/vs_handwritten.py`` (about 2 minutes), ``--quick`` for a ~15 s
 smoke run.
@@ -495,6 +497,33 @@ class TimedWait:
         self.seconds.append(time.perf_counter() - start)  # one thread per task: list.append is enough
 
 
+EXTRA_PYTHON_US = 2.5  # --task-times: the hand-written loop again, with this much more Python per main-thread task
+
+
+def python_spin(us: float) -> Callable[[], None]:
+    """A function that runs plain Python bytecode (holding the GIL) for about ``us`` microseconds."""
+
+    def spin_for(n: int) -> Callable[[], None]:
+        def spin() -> None:
+            for _ in range(n):
+                pass
+        return spin
+
+    probe, reps = spin_for(10_000), 20
+    start = time.perf_counter()
+    for _ in range(reps):
+        probe()
+    per_step = (time.perf_counter() - start) / (reps * 10_000)
+    return spin_for(max(1, round(us * 1e-6 / per_step)))
+
+
+def _then(fn: Task, extra: Callable[[], None]) -> Task:
+    def task(ctx: swp.IterContext) -> None:
+        fn(ctx)
+        extra()
+    return task
+
+
 def print_task_times(us: float, repeats: int, device: str) -> None:
     """The ``--task-times`` table: per method, us per iteration and each thread group's task times (mean, p90)."""
     wait = SinWait(us).refine()
@@ -503,8 +532,11 @@ def print_task_times(us: float, repeats: int, device: str) -> None:
     fns = make_tasks([TimedWait(wait.copy(), load_s if k < LOAD_TASKS else rest_s) for k in range(NUM_TASKS)])
     plan = build_plan(fns, STAGES_3)
     iters = fine_iters(us, 0.3, 500)
+    spin = python_spin(EXTRA_PYTHON_US)
+    with_python = [fn if k < LOAD_TASKS else _then(fn, spin) for k, fn in enumerate(fns)]
     runs: Dict[str, Callable[[Iterable[Any]], float]] = {
         "serial": lambda data: run_plain(fns, data), "thread+Queue": lambda data: run_thread_queue(fns, data),
+        f"thread+Queue, +{EXTRA_PYTHON_US:g} us Python": lambda data: run_thread_queue(with_python, data),
         "SWPipeline": engine_runner(plan, "SWPipeline", device), "DataFlow(3)": engine_runner(plan, "DataFlow", device)}
     rows = []
     for name, run in runs.items():
