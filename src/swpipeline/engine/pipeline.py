@@ -189,8 +189,8 @@ class _PipelineBase:
                 return make_batch_runner(run.board, run_unit, bare_functions(tasks, launch, free))
 
             plain, annotated = make_launches(self.device, labels, self._nvtx)
-            run_units = (executor(plain, self.signal_timeout), executor(annotated, self.signal_timeout))
-            caller_units = (executor(plain, run.caller_timeout), executor(annotated, run.caller_timeout))
+            batches = (executor(plain, self.signal_timeout), executor(annotated, self.signal_timeout))
+            caller_batches = (executor(plain, run.caller_timeout), executor(annotated, run.caller_timeout))
             run.handout = handout
             run.data_source = data_iter
             torch_threads, device, worker_init = torch.get_num_threads(), self.device, self.worker_init
@@ -198,7 +198,7 @@ class _PipelineBase:
             def enter(group: str) -> Callable[[], None]:  # must not hold the pipeline (see shutdown.py)
                 return functools.partial(enter_worker_thread, torch_threads, device, worker_init, group)
 
-            run.start_workers(self._groups, run_units, enter, caller_group, caller_units)
+            run.start_workers(self._groups, batches, enter, caller_group, caller_batches)
             run.watch(self)
             run.modes = Modes.capture(self._mode_types)
             handout.fill(data_iter)

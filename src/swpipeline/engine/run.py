@@ -52,7 +52,7 @@ from .runtime import BoundTask, all_turns
 from .signals import CompletionBoard
 from .driving import unit_text
 from .schedule import Work
-from .worker import CallerWorker, RunUnits, Worker, WorkerLike
+from .worker import CallerWorker, RunBatches, Worker, WorkerLike
 
 if TYPE_CHECKING:
     from .handout import HandOut
@@ -160,16 +160,16 @@ class Run:
 
     # -- workers --------------------------------------------------------------------------------
 
-    def start_workers(self, groups: List[str], run_units: RunUnits, enter_thread: Callable[[str], Callable[[], None]],
-                      caller_group: Optional[str], caller_units: RunUnits) -> None:
+    def start_workers(self, groups: List[str], batches: RunBatches, enter_thread: Callable[[str], Callable[[], None]],
+                      caller_group: Optional[str], caller_batches: RunBatches) -> None:
         """One worker per thread group (the caller's group runs on the caller's thread instead, its waits
         bounded by ``progress_timeout``: see ``on_caller_error``)."""
         for group in groups:
             if group == caller_group:
-                self.caller = CallerWorker(group, caller_units, self.on_caller_error)
+                self.caller = CallerWorker(group, caller_batches, self.on_caller_error)
                 self.workers[group] = self.caller
                 continue
-            worker = Worker(group, run_units, self.on_worker_error, enter_thread(group))
+            worker = Worker(group, batches, self.on_worker_error, enter_thread(group))
             self.workers[group] = worker  # registered before it starts, so that stop() always sees it
             worker.start()
 

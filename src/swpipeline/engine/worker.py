@@ -48,7 +48,7 @@ from .schedule import WHOLE_PERIOD, Work as Unit
 __all__: List[str] = []
 
 Report = Callable[[BaseException, Optional[Unit]], None]
-RunUnits = Tuple[RunBatch, RunBatch]  # (plain, annotated): see _UnitRunner
+RunBatches = Tuple[RunBatch, RunBatch]  # (plain, annotated): see _UnitRunner
 
 
 _STOP = object()
@@ -132,11 +132,11 @@ class _UnitRunner:
 class Worker(_UnitRunner):
     """A thread that runs the units put to it, in order, until stopped, aborted or failed."""
 
-    def __init__(self, group: str, run_units: RunUnits, report: Report, enter_thread: Callable[[], None]) -> None:
+    def __init__(self, group: str, batches: RunBatches, report: Report, enter_thread: Callable[[], None]) -> None:
         self.group = group
         self.current: Optional[Unit] = None
         self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
-        self._run_batch, self._annotated_batch = run_units
+        self._run_batch, self._annotated_batch = batches
         self.report = report
         self._enter_thread = enter_thread
         self._launched = False
@@ -241,12 +241,12 @@ class CallerWorker(_UnitRunner):
     the first failure (reported through ``report``) exactly as a worker thread does.
     """
 
-    def __init__(self, group: str, run_units: RunUnits, report: Report) -> None:
+    def __init__(self, group: str, batches: RunBatches, report: Report) -> None:
         self.group = group
         self.current: Optional[Unit] = None
         self.thread: Optional[threading.Thread] = None
         self._queue: Deque[Tuple[Optional[Modes], Sequence[Unit], Optional[int]]] = collections.deque()
-        self._run_batch, self._annotated_batch = run_units
+        self._run_batch, self._annotated_batch = batches
         self.report = report
         self.ran_to: Tuple[int, int] = (-1, WHOLE_PERIOD)  # (through, cut) of the last run_queued: all up to it ran
 
