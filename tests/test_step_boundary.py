@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine_helpers import ExecLog, make_plan, output_plan, swp_threads, valid_plans, wait_until
+from engine_helpers import ExecLog, check_dependencies, make_plan, output_plan, swp_threads, valid_plans, wait_until
 from swpipeline import DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
 
 Unit = Tuple[str, int]
@@ -241,4 +241,41 @@ def test_random_plans_never_run_a_task_between_a_boundary_and_advance(shape: Dic
         finally:
             pipe.abandon()
         assert steps == batches and values == serial_values  # every batch, as the serial loop computes it
+    assert swp_threads() == []
+
+
+@pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning")
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=valid_plans(), batches=st.integers(1, 9), extra_depth=st.integers(0, 2), data=st.data())
+def test_random_plans_with_any_group_on_the_callers_thread_and_mixed_steps_compute_as_serial(
+        shape: Dict[str, Any], batches: int, extra_depth: int, data: st.DataObject) -> None:
+    # Whichever group runs on the caller's thread, a step that goes on runs it only up to the oldest iteration's
+    # last units and a held step its whole period: every batch still runs, in dependency order, as serially.
+    serial_plan, _, serial_values = output_plan(shape)
+    SWPipeline(serial_plan, device="cpu").run_serial(range(batches))
+    caller = data.draw(st.sampled_from(sorted({group for _, _, group in shape["spec"].values()})), label="caller")
+    holds = data.draw(st.lists(st.booleans(), min_size=batches, max_size=batches), label="held steps")
+    for engine in ("SWPipeline", "DataFlowPipeline"):
+        plan, log, values = output_plan(shape)
+        pipe: Any
+        if engine == "SWPipeline":
+            pipe = SWPipeline(plan, device="cpu", caller_thread_group=caller, **TIMEOUTS)
+        else:
+            pipe = DataFlowPipeline(plan, max_depth=plan.depth + extra_depth, device="cpu", caller_thread_group=caller,
+                                    **TIMEOUTS)
+        it = pipe.fill_pipeline(iter(range(batches)))
+        retired = []
+        try:
+            for k in range(batches + 1):
+                try:
+                    retired.append(pipe.progress(it, advance=not holds[k % batches]))
+                except StopIteration:
+                    break
+                pipe.advance()
+        finally:
+            pipe.abandon()
+        assert retired == list(range(batches)) and values == serial_values, engine
+        check_dependencies(log, plan, batches)
+        assert log.threads_of(next(n for n, (_, _, g) in shape["spec"].items() if g == caller)) <= {
+            threading.current_thread().name}
     assert swp_threads() == []
