@@ -59,7 +59,6 @@ class HandOut:
         self._fetch: Optional["functools.partial[Optional[IterContext]]"] = None  # see _fetch_from
         self._fetch_iter: Optional[Iterator[Any]] = None  # the data iterator _fetch draws from
         self._caller_through: Callable[[], int] = functools.partial(rule.caller_through, self.entries)
-        self._cut = schedule.retire_cut
 
     # -- what the engine calls -----------------------------------------------------------------------
 
@@ -90,7 +89,7 @@ class HandOut:
         (``Schedule.runs_before_retire``), or all of it when the step holds (``advance`` False)."""
         caller = self.run.caller
         if caller is not None:
-            caller.run_queued(self._caller_through(), self._cut if advance else WHOLE_PERIOD)
+            caller.run_queued(self._caller_through(), self.schedule.retire_cut if advance else WHOLE_PERIOD)
 
     def after_retire(self, oldest: int, data_iter: Optional[Iterator[Any]]) -> None:
         fetch = None if data_iter is None else self._fetch_from(data_iter)

@@ -124,9 +124,14 @@ class _UnitRunner:
     _run_batch: RunBatch
     _annotated_batch: RunBatch
 
-    def _run_units(self, units: Sequence[Unit]) -> bool:
-        """Run ``units`` in order; False if the worker must end (its run was aborted, or a unit failed)."""
-        return (self._annotated_batch if profiler_active() else self._run_batch)(units, self)
+    def _run_units(self, units: Sequence[Unit], modes: Optional[Modes]) -> bool:
+        """Run ``units`` in order under ``modes`` (None: the thread's own); False if the worker must end (its
+        run was aborted, or a unit failed)."""
+        run_batch = self._annotated_batch if profiler_active() else self._run_batch
+        if modes is None:
+            return run_batch(units, self)
+        with modes.applied():
+            return run_batch(units, self)
 
 
 class Worker(_UnitRunner):
@@ -224,13 +229,8 @@ class Worker(_UnitRunner):
                 self._orphaned()
                 return
             modes, units = item
-            if modes is None:
-                if not run_units(units):
-                    return
-                continue
-            with modes.applied():
-                if not run_units(units):
-                    return
+            if not run_units(units, modes):
+                return
 
 
 
@@ -276,12 +276,7 @@ class CallerWorker(_UnitRunner):
                         k -= 1
                     pending.appendleft((modes, units[k:], period))
                     units = units[:k]
-            if modes is None:
-                ok = run_units(units)
-            else:
-                with modes.applied():
-                    ok = run_units(units)
-            if not ok:
+            if not run_units(units, modes):
                 pending.clear()
                 return
 

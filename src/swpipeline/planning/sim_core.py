@@ -193,7 +193,8 @@ class Simulation:
         assert g is not None
         last, cut = self.rule.caller_through(self.entries), self.c.schedule.retire_cut
         periods, positions, h, handed = self.seq.periods[g], self.seq.positions[g], self.head[g], self.handed[g]
-        while h < handed and (periods[h] < last or periods[h] == last and positions[h] <= cut):  # (written out)
+        # Schedule.runs_before_retire, written out: this runs once per unit of every simulated candidate
+        while h < handed and (periods[h] < last or periods[h] == last and positions[h] <= cut):
             h += 1
         return h
 
