@@ -9,13 +9,23 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-from typing import List, Optional, Sequence, Tuple
+import time
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
 __all__: List[str] = []
 
 Row = Sequence[str]
+
+
+def sleeper(seconds: float) -> Callable[[Any], None]:
+    """A task body that sleeps ``seconds`` (it releases the GIL, like a kernel or I/O would)."""
+
+    def body(ctx: Any) -> None:
+        time.sleep(seconds)
+
+    return body
 
 
 def median_and_min(values: Sequence[float]) -> Tuple[float, float]:

@@ -28,24 +28,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import swpipeline as swp
-from _common import format_table, machine_line
+from _common import format_table, machine_line, sleeper
 from swpipeline.planning.simulator import simulate
 
 COSTS_MS: Dict[str, float] = {"Prep": 4.0, "Fwd": 1.2, "Bwd": 2.0, "Opt": 0.8}
 
 
-def sleeper(ms: float) -> Callable[[swp.IterContext], None]:
-    def task(ctx: swp.IterContext) -> None:
-        time.sleep(ms / 1000)
-    return task
-
-
 def build_plan() -> swp.PipelinePlan:
-    tasks = {name: swp.PipelineTask(name, sleeper(ms)) for name, ms in COSTS_MS.items()}
+    tasks = {name: swp.PipelineTask(name, sleeper(ms / 1000)) for name, ms in COSTS_MS.items()}
     schedule = {tasks["Prep"]: swp.TaskSchedule(stage=0, stream="prep", thread_group="prep"),
                 tasks["Fwd"]: swp.TaskSchedule(stage=0), tasks["Bwd"]: swp.TaskSchedule(stage=0),
                 tasks["Opt"]: swp.TaskSchedule(stage=1)}
@@ -62,25 +55,23 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         parser.error("--iters and --repeats must be positive")
     plan = build_plan()
     costs = {name: ms / 1000 for name, ms in COSTS_MS.items()}
-    methods: Dict[str, Callable[[range], float]] = {
-        "serial": swp.SWPipeline(plan).run_serial,
-        "SWPipeline.run()": swp.SWPipeline(plan).run,
-        "DataFlowPipeline(max_depth=2).run()": swp.DataFlowPipeline(plan, max_depth=2).run}
-    engines = {"serial": ("serial", None), "SWPipeline.run()": ("clocked", None),
-               "DataFlowPipeline(max_depth=2).run()": ("dataflow", 2)}
+    # name: (how to run it, the engine and max_depth the simulator models it with)
+    methods: Dict[str, Tuple[Callable[[range], float], str, Optional[int]]] = {
+        "serial": (swp.SWPipeline(plan).run_serial, "serial", None),
+        "SWPipeline.run()": (swp.SWPipeline(plan).run, "clocked", None),
+        "DataFlowPipeline(max_depth=2).run()": (swp.DataFlowPipeline(plan, max_depth=2).run, "dataflow", 2)}
     print(f"a calling thread with two stages: Prep on a worker, Fwd + Bwd (stage 0) and Opt (stage 1) on the "
           f"calling thread; {args.iters} iterations, median of {args.repeats}")
     print(machine_line())
     print()
     seconds: Dict[str, List[float]] = {name: [] for name in methods}
     for _ in range(args.repeats):  # interleaved, so that drift hits every method alike
-        for name, run in methods.items():
+        for name, (run, _, _) in methods.items():
             seconds[name].append(run(range(args.iters)))
     serial = statistics.median(seconds["serial"])
     rows = []
-    for name in methods:
+    for name, (_, engine, depth) in methods.items():
         measured = statistics.median(seconds[name])
-        engine, depth = engines[name]
         predicted = simulate(plan, costs, args.iters, engine, depth).seconds
         rows.append([name, f"{measured / args.iters * 1e3:.2f}", f"{serial / measured:.2f}x",
                      f"{predicted / args.iters * 1e3:.2f}", f"{(predicted - measured) / measured * 100:+.1f}%"])

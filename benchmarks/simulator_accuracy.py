@@ -49,7 +49,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 import swpipeline as swp
-from _common import format_table, machine_line
+from _common import format_table, machine_line, sleeper
 from swpipeline.planning.autoplan import search_plan
 from swpipeline.planning.calibrate import calibrate
 from swpipeline.planning.costs import TaskCosts
@@ -222,13 +222,6 @@ def jitter_case(args: argparse.Namespace, overheads: Overheads) -> List[Row]:
 
 
 # -- random plans -------------------------------------------------------------------------------------------
-
-
-def sleeper(seconds: float) -> Callable[[swp.IterContext], None]:
-    def body(ctx: swp.IterContext) -> None:
-        time.sleep(seconds)
-
-    return body
 
 
 def random_plan(rng: random.Random) -> swp.PipelinePlan:
