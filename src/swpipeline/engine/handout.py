@@ -12,7 +12,8 @@ group's order (``Schedule.walk``) it has handed out::
     hand out          number the turns of the newly decided periods, then walk every
                       group's order as far as the rule released it and put what it
                       passes on the group's queue (the caller's group: one item per
-                      period, so that a progress() call can stop at a period)
+                      period, two where the retire cut splits it, so that a progress()
+                      call can stop at either)
 
 Why it cannot deadlock (both engines): order all units by (period, position in the
 submission order). Every wait of a unit (a dependency, a turn, its group's FIFO) is on
@@ -56,6 +57,7 @@ class HandOut:
         self.caller_group: Optional[str] = None  # known at fill
         self.yield_after_hand_out = yield_after_hand_out  # see fill
         self._puts: List[Tuple[Callable[..., None], bool]] = []
+        self._caller_len = self._caller_before = 0  # see fill
         self._fetch: Optional["functools.partial[Optional[IterContext]]"] = None  # see _fetch_from
         self._fetch_iter: Optional[Iterator[Any]] = None  # the data iterator _fetch draws from
         self._caller_through: Callable[[], int] = functools.partial(rule.caller_through, self.entries)
@@ -67,6 +69,11 @@ class HandOut:
         self.caller_group = run.caller.group if run.caller is not None else None
         # per group: its queue's put, and whether it takes one item per period (the caller's group)
         self._puts = [(run.workers[group].put, group == self.caller_group) for group in self.schedule.lanes]
+        lane = self.schedule.lanes.get(self.caller_group, ()) if self.caller_group is not None else ()
+        self._caller_len = len(lane)  # a whole period of the caller's group: its units, and those before the cut
+        self._caller_before = sum(slot.position <= self.schedule.retire_cut for slot in lane)
+        if self._caller_before == len(lane):
+            self._caller_before = 0  # (0: the cut does not split the group's period)
         # With several worker threads, one just handed work may be the bottleneck: let it take the GIL at
         # once instead of after whatever the caller does next. Not when a group runs on the caller's thread:
         # the caller's next job is then that group's units, and yielding would put the workers' first.
@@ -157,13 +164,20 @@ class HandOut:
             if not by_period:
                 put(units, modes)
                 continue
-            first = units[0][0]  # the caller's group: one queue item per period (see CallerWorker.run_queued)
-            if units[-1][0] == first:  # the clock's every hand-out: one period (splitting would cost 0.1 us/task)
-                put(units, modes, first)
+            # the caller's group: one queue item per period, or two where the retire cut splits it (see
+            # CallerWorker.run_queued); the clock's every hand-out is one period, in the steady state whole
+            first, cut, before = units[0][0], self.schedule.retire_cut, self._caller_before
+            if units[-1][0] == first and (not before or len(units) == self._caller_len):
+                if before:
+                    put(units[:before], modes, first)
+                    put(units[before:], modes, first)
+                else:
+                    put(units, modes, first)
                 continue
             start = 0
             for k in range(1, len(units) + 1):
-                if k == len(units) or units[k][0] != units[start][0]:  # (period, slot, context)
+                if k == len(units) or units[k][0] != units[start][0] or \
+                        (units[k][1].position > cut >= units[k - 1][1].position and units[k][0] == units[k - 1][0]):
                     put(units[start:k], modes, units[start][0])
                     start = k
         if self.yield_after_hand_out:

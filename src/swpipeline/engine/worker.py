@@ -260,22 +260,17 @@ class CallerWorker(_UnitRunner):
 
         Only the units of periods up to ``through`` run and, of that period, those whose
         slot's submission position is at most ``cut`` (``WHOLE_PERIOD``: all of them); the
-        rest stays queued for a later call.
+        rest stays queued for a later call. The hand-out puts a period as two items where
+        ``Schedule.retire_cut`` splits it, the only cut besides ``WHOLE_PERIOD``: an item
+        then runs whole or not at all.
         """
         self.ran_to = (through, cut)
         pending, run_units = self._queue, self._run_units
         while pending:
-            modes, units, period = pending.popleft()
-            if period is not None and period >= through:
-                if period > through or units[0][1].position > cut:  # (period, slot, context)
-                    pending.appendleft((modes, units, period))
-                    return
-                if units[-1][1].position > cut:  # the rest of the period waits for the next call
-                    k = len(units) - 1
-                    while units[k - 1][1].position > cut:  # slots in submission order
-                        k -= 1
-                    pending.appendleft((modes, units[k:], period))
-                    units = units[:k]
+            modes, units, period = pending[0]
+            if period is not None and period >= through and (period > through or units[0][1].position > cut):
+                return  # (period, slot, context)
+            pending.popleft()
             if not run_units(units, modes):
                 pending.clear()
                 return
