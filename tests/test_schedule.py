@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Dict, List, Tuple
 
 import pytest
 
-from swpipeline import DataFlowPipeline, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
+from swpipeline import DataFlowPipeline, PipelinePlan, PipelineTask, SharedStreamWarning, SWPipeline, TaskSchedule
 from swpipeline.engine.release import ALL, ClockRule, DataFlowRule, Entries
 from swpipeline.engine.schedule import Schedule, ScheduleError
 
@@ -70,3 +71,34 @@ def test_a_max_depth_too_small_is_found_on_paper_for_the_exact_batch_count() -> 
         with pytest.raises(ScheduleError, match="thread group 'g' waits to run A of iteration 1"):
             schedule.check(DataFlowRule(3, 1), batches)
     schedule.check(DataFlowRule(3, 2), 3)
+
+
+def test_a_unit_that_takes_turns_is_handed_out_only_once_its_period_is_decided() -> None:
+    # Dist (stage 1, group "w") shares stream "s" with the caller's Step (stage 2), so both take turns. With
+    # entries 0 and 1 decided, period 2's Dist (iteration 1) has its batch, but period 2's turns are numbered
+    # only once period 2 is decided: handed out now, Dist would wait in its turn, under the turn's timeout,
+    # for a batch the caller draws later. The walk stops at it (and at Step, also in period 2).
+    def plan(dist_stream: str) -> PipelinePlan:
+        load, dist, step = PipelineTask("Load", noop), PipelineTask("Dist", noop), PipelineTask("Step", noop)
+        return PipelinePlan({load: TaskSchedule(stage=0, thread_group="l", stream="a"),
+                             dist: TaskSchedule(stage=1, thread_group="w", stream=dist_stream),
+                             step: TaskSchedule(stage=2, thread_group="c", stream="s")},
+                            intra_iter_deps=[(dist, load), (step, dist)])
+
+    def walk(schedule: Schedule, through: int) -> Dict[str, Tuple[List[Tuple[int, str, str]], Tuple[int, int]]]:
+        positions = {group: (0, 0) for group in schedule.lanes}
+        units = schedule.walk_all(positions, {0: "i0", 1: "i1"}, (through, 1))  # entries 0 and 1 decided
+        return {group: ([(period, slot.task, item) for period, slot, item in of_group], positions[group])
+                for group, of_group in zip(schedule.lanes, units)}
+
+    with pytest.warns(SharedStreamWarning):
+        shared = SWPipeline(plan("s"), device="cpu")._schedule
+    for through in (ALL, 5):  # the data-flow rule releases every period; a bound past the decided ones
+        assert walk(shared, through) == {"l": ([(0, "Load", "i0"), (1, "Load", "i1")], (2, 0)),
+                                         "w": ([(1, "Dist", "i0")], (2, 0)),
+                                         "c": ([], (2, 0))}
+    # with Dist on a stream of its own nothing takes turns: every unit whose entry is decided goes out
+    own = SWPipeline(plan("d"), device="cpu")._schedule
+    assert walk(own, ALL) == {"l": ([(0, "Load", "i0"), (1, "Load", "i1")], (2, 0)),
+                              "w": ([(1, "Dist", "i0"), (2, "Dist", "i1")], (3, 0)),
+                              "c": ([(2, "Step", "i0"), (3, "Step", "i1")], (4, 0))}

@@ -31,6 +31,8 @@ out, so the oldest completes.
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 
 __all__: List[str] = []
 
+_period_of = operator.itemgetter(0)  # a unit's period
 _yield_gil = functools.partial(time.sleep, 0)  # let a worker just handed work take the GIL now
 
 
@@ -174,14 +177,22 @@ class HandOut:
                 else:
                     put(units, modes, first)
                 continue
-            start = 0
-            for k in range(1, len(units) + 1):
-                if k == len(units) or units[k][0] != units[start][0] or \
-                        (units[k][1].position > cut >= units[k - 1][1].position and units[k][0] == units[k - 1][0]):
-                    put(units[start:k], modes, units[start][0])
-                    start = k
+            for period, of_period in itertools.groupby(units, _period_of):
+                self._put_period(put, list(of_period), period, modes, cut)
         if self.yield_after_hand_out:
             _yield_gil()
+
+    @staticmethod
+    def _put_period(put: Callable[..., None], units: List[Any], period: int, modes: Any, cut: int) -> None:
+        """Put ``units``, the caller's units of ``period`` in submission order, as one queue item, or as two where
+        the retire cut ``cut`` falls between them."""
+        if units[0][1].position <= cut < units[-1][1].position:  # (period, slot, context)
+            k = len(units) - 1
+            while units[k - 1][1].position > cut:
+                k -= 1
+            put(units[:k], modes, period)
+            units = units[k:]
+        put(units, modes, period)
 
     def _number_turns(self, through: int) -> None:
         """Number the turn-taking units of every period up to ``through`` not numbered yet."""
