@@ -77,8 +77,8 @@ def opcodes(pipe: Any, iterations: int) -> Tuple[int, int]:
 def per_iteration(pipe: Any, short: int = 100, long: int = 600) -> Tuple[float, float]:
     """Opcodes per iteration in the steady state, (calling thread, workers)."""
     pipe.run(range(20))  # warm-up: every code path once
-    a, b = opcodes(pipe, short), opcodes(pipe, long)
-    return tuple((b[k] - a[k]) / (long - short) for k in range(2))  # type: ignore[return-value]
+    (caller_a, workers_a), (caller_b, workers_b) = opcodes(pipe, short), opcodes(pipe, long)
+    return (caller_b - caller_a) / (long - short), (workers_b - workers_a) / (long - short)
 
 
 def plans() -> List[Tuple[str, swp.PipelinePlan]]:
