@@ -263,7 +263,9 @@ def test_the_demo_plan_has_no_missing_dependency() -> None:
     assert analysis.missing_deps == []
     assert analysis.warnings == [
         ("Forward", "OptimizerStep", "inter", "Forward reads `model.bottom.0.bias`, `model.bottom.0.weight`, "
-         "`model.bottom.2.bias` and 7 more, which OptimizerStep writes; Forward(i+1) runs after OptimizerStep(i) only "
+         "`model.bottom.2.bias`, `model.bottom.2.weight`, `model.embeddings.0.weight`, `model.embeddings.1.weight`, "
+         "`model.top.0.bias`, `model.top.0.weight`, `model.top.2.bias`, `model.top.2.weight`, which OptimizerStep "
+         "writes; Forward(i+1) runs after OptimizerStep(i) only "
          "because both run on thread group 'default' and the default stream, and would race on other thread groups "
          "or streams: add (\"Forward\", \"OptimizerStep\") to inter_iter_deps")]
     assert analysis.writes["CopyToDevice"] == {"ctx.on_device", "ctx.prepared"}  # it deletes ctx.prepared

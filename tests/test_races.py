@@ -117,7 +117,9 @@ def test_the_error_is_the_same_whichever_task_touches_the_attribute_first(reader
         turn.set()
 
     def reader(ctx: IterContext) -> None:
-        if not reader_first:
+        if reader_first:  # the writer goes on once the reader waits at its read for the tasks that could set x
+            threading.Timer(0.05, turn.set).start()
+        else:
             assert turn.wait(5)
         ctx.seen = getattr(ctx, "x", None)
         turn.set()

@@ -4,7 +4,7 @@ The whole public API is imported here; everything else is internal.
 """
 
 from .analysis.inference import infer_deps as infer_deps
-from .analysis.races import RaceChecker as RaceChecker
+from .analysis.checker import RaceChecker as RaceChecker
 from .analysis.races import RaceError as RaceError
 from .analysis.report import PlanAnalysis as PlanAnalysis
 from .analysis.report import analyze as analyze

@@ -4,21 +4,23 @@
 caller's thread and collects, per task, the names it read, wrote and deleted:
 
 * ``ctx.<attr>``: context attributes, seen through a recording view of the context (the
-  one task shortcut uses). A value read from the context and changed in place (a tensor's
-  version counter, a container's items: see ``inplace.py``) is a write of the attribute
-  it was read from; ``ctx.batch`` is an attribute like any other for that, and is only
-  reported when a task changes it. Looking at every attribute at once (``vars(ctx)``
-  iterated, copied, compared) reads every attribute any task of the iteration writes.
-  ``ctx.iter_idx`` never changes and is left out;
-* state outside the context, seen through torch: a ``TorchDispatchMode`` notes every
-  tensor an operator reads and every tensor its schema says it mutates (a view, which
-  touches no data, is not a read), and every generator a random operator draws from (a
-  draw reads and advances it: see ``generators.py``); a ``TorchFunctionMode`` notes reads
-  and assignments of ``.grad``; version counters and the identity of every named tensor,
-  compared before and after the task, catch writes no operator reported
-  (``p.grad = None``). A tensor is state if it has a name, or if it existed before the
-  iteration began and the batch does not hold it; a generator is state if it is a
-  default generator or has a name;
+  one task shortcut uses). Memory an operator of the task wrote is a write of every
+  attribute whose value covers any of it, whatever name the task wrote it through (an
+  alias, a view, the batch's tensor under a name of its own), and a container read from
+  the context and changed in place is a write of its attribute (see ``inplace.py``);
+  ``ctx.batch`` is an attribute like any other for that, and is only reported when a task
+  changes it. Looking at every attribute at once (``vars(ctx)`` iterated, copied,
+  compared) reads every attribute any task of the iteration writes. ``ctx.iter_idx``
+  never changes and is left out;
+* state outside the context, seen through torch: the operators' reads, writes and draws
+  (``operators.py``; a draw reads and advances a generator: see ``generators.py``), each
+  a read or write of every named tensor whose memory it meets (``memory.py``: two views
+  of one buffer that share no byte are two names that never conflict); a
+  ``TorchFunctionMode`` notes reads and assignments of ``.grad``; version counters and
+  the identity of every named tensor, compared before and after the task, catch writes
+  no operator reported (``p.grad = None``). A tensor is state if it has a name, or if it
+  existed before the iteration began and the batch does not hold it; a generator is
+  state if it is a default generator or has a name;
 * ``<Task>.io[k]``: the state behind a ``DeclaredIO``, written by every task that declares
   it and by any task during which its ``capture()`` value changes; tensors that
   ``capture()`` returns are named after it, so reading them reads it.
@@ -42,17 +44,18 @@ from __future__ import annotations
 import gc
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..plan.model import DeclaredIO, IterContext, PipelineTask
 from ..shortcut.recording import Journal, RecordingView
-from .generators import GeneratorKey, drawn_from, draws_nothing, generator_name, named_generators
-from .inplace import WATCHED, ValueWatch
-from .naming import MAX_DEPTH, describe, find_roots, named_slots, storage_key, walk_tensors
+from .generators import GeneratorKey, generator_name, named_generators
+from .inplace import WATCHED, ValueWatch, attributes_meeting
+from .memory import Region, RegionIndex, region_of, storage_key
+from .naming import MAX_DEPTH, describe, find_roots, named_slots, walk_tensors
+from .operators import Observer
 
 __all__: List[str] = []
 
@@ -68,8 +71,9 @@ Note = Callable[[str, str], None]  # (kind, attribute name)
 class _NotingJournal(Journal):
     """A recording journal that hands every context access to ``note(kind, name)`` as it happens.
 
-    Values read are watched (``inplace.py``); ``finish()``, once the task has returned,
-    notes a ``MUTATE`` of each attribute whose value the task changed in place.
+    Values read are watched (``inplace.py``); ``finish(written)``, once the task has
+    returned, notes a ``MUTATE`` of each attribute whose value covers memory its operators
+    wrote (``written``), or whose container it changed in place.
     """
 
     watches = WATCHED
@@ -99,13 +103,17 @@ class _NotingJournal(Journal):
     def delete(self, name: str) -> None:
         self._note(DELETE, name)
 
-    def finish(self) -> None:
+    def finish(self, written: Sequence[Region]) -> None:
+        context = self.target
+        attributes = {"batch": context.batch, **vars(context)}
+        changed = attributes_meeting(attributes, written)
         if self._values is not None:
-            for name in self._values.changed():
-                self._note(MUTATE, name)
+            changed += self._values.changed({r.storage for r in written})
+        for name in dict.fromkeys(changed):
+            self._note(MUTATE, name)
 
 
-def recording_view(ctx: IterContext, note: Note) -> Tuple[IterContext, Callable[[], None]]:
+def recording_view(ctx: IterContext, note: Note) -> Tuple[IterContext, Callable[[Sequence[Region]], None]]:
     """A stand-in for ``ctx`` that forwards every access to it and calls ``note`` for each; and the function to
     call when the task has returned, which notes what it changed in place."""
     journal = _NotingJournal(ctx, note)
@@ -181,113 +189,13 @@ class _GradSlots(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-class _OperatorAccess(TorchDispatchMode):
-    """Hands ``on_storage(key, kind)`` the storage of every tensor an operator reads or, by its schema, writes,
-    and ``on_draw(generator)`` each generator a random operator draws from (see ``generators.py``).
+class _Snapshot(NamedTuple):
+    """The named state at one moment."""
 
-    An argument the result aliases without writing it (``t``, ``view``, ``detach``) is a
-    view: no data is touched, so it is no read.
-    """
-
-    supports_higher_order_operators = True  # torch.cond & co. run as they are (what they touch inside is not seen)
-
-    def __init__(self, on_storage: Callable[[int, str], None], on_draw: Callable[[GeneratorKey], None]) -> None:
-        super().__init__()
-        self.on_storage = on_storage
-        self.on_draw = on_draw
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (),
-                           kwargs: Optional[Dict[str, Any]] = None) -> Any:
-        kwargs = kwargs or {}
-        schema = getattr(func, "_schema", None)
-        for k, arg in enumerate(schema.arguments if schema is not None else ()):
-            alias = arg.alias_info
-            kind = READ if alias is None else WRITE if alias.is_write else None
-            value = args[k] if k < len(args) else kwargs.get(arg.name)
-            if kind is None or value is None:
-                continue
-            values = (value,) if isinstance(value, torch.Tensor) else value if isinstance(value, (list, tuple)) else ()
-            for tensor in values:
-                key = storage_key(tensor) if isinstance(tensor, torch.Tensor) else None
-                if key is not None:
-                    self.on_storage(key, kind)
-        result = func(*args, **kwargs)
-        drawn = drawn_from(func, args, kwargs, result)
-        if drawn is not None:
-            self.on_draw(drawn)
-        return result
-
-
-# -- draws, seen by the race checker ------------------------------------------------------------------------
-
-
-class DrawObserver(TorchDispatchMode):
-    """A dispatch mode that hands ``drew(key)`` each generator the operators run under it draw from, and
-    ``wrote(key)`` each storage they write by their schema (in place or ``out=``).
-
-    The race checker's journal of one task call is one (``checked_call.py``): it is pushed
-    with ``push`` on the calling thread's dispatch-mode stack only, for the length of the
-    call, and popped with ``pop``, so it sees that task's draws and no other thread's, and
-    whether a task draws never depends on timing. It is pushed with torch's stack
-    functions, not ``with observer:``, which would also set process-wide flags that change
-    how ``torch.compile`` runs on other threads; it declares ``ignore_compile_internals``,
-    so compiled code on its own thread compiles and runs as without it (the seeds a
-    compiled graph draws are seen). Higher-order operators (``torch.cond`` & co.) pass
-    through it as they are; draws inside them are not seen.
-    """
-
-    supports_higher_order_operators = True
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:  # typed, for the subclasses of modules mypy checks strictly
-        super().__init_subclass__(**kwargs)
-
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        return True
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (),
-                           kwargs: Optional[Dict[str, Any]] = None) -> Any:
-        kwargs = kwargs or {}
-        result = func(*args, **kwargs)
-        for where in _written_arguments(func):
-            value = args[where[0]] if where[0] < len(args) else kwargs.get(where[1])
-            for tensor in (value,) if isinstance(value, torch.Tensor) else value if isinstance(value, (list, tuple)) \
-                    else ():
-                storage = storage_key(tensor) if isinstance(tensor, torch.Tensor) else None
-                if storage is not None:
-                    self.wrote(storage)
-        if draws_nothing(func):  # the common case: an operator known to draw nothing
-            return result
-        key = drawn_from(func, args, kwargs, result)
-        if key is not None:
-            self.drew(key)
-        return result
-
-    def drew(self, key: GeneratorKey) -> None:
-        """One draw from the generator ``key``, by an operator run while this observer was pushed."""
-
-    def wrote(self, key: int) -> None:
-        """An operator run while this observer was pushed wrote to the storage ``key`` (in place or ``out=``)."""
-
-
-_WRITES: Dict[Any, Tuple[Tuple[int, str], ...]] = {}  # operator -> the (position, name) of the arguments it writes
-
-
-def _written_arguments(func: Any) -> Tuple[Tuple[int, str], ...]:
-    """Where an operator's schema says it writes an argument (cached per operator)."""
-    found = _WRITES.get(func)
-    if found is None:
-        schema = getattr(func, "_schema", None)
-        found = _WRITES[func] = tuple((k, arg.name) for k, arg in enumerate(schema.arguments if schema else ())
-                                      if arg.alias_info is not None and arg.alias_info.is_write)
-    return found
-
-
-push: Callable[[DrawObserver], None] = torch._C._push_on_torch_dispatch_stack  # this thread's stack only
-pop: Callable[[None], Any] = torch._C._pop_torch_dispatch_stack
-
-
-_Snapshot = Tuple[Dict[str, Tuple[Optional[torch.Tensor], int]], Dict[int, str], Dict[int, str], List[Any]]
+    versions: Dict[str, Tuple[Optional[torch.Tensor], int]]  # name -> (the tensor, or None: no .grad; its version)
+    names: RegionIndex[str]  # names by the memory they cover; a DeclaredIO's name wins over a module path
+    grads: Dict[int, str]  # parameter id -> the name of its .grad
+    fingerprints: List[Any]  # per DeclaredIO, a copy of its capture()
 
 
 class StateRecorder:
@@ -316,57 +224,68 @@ class StateRecorder:
 
     def _snapshot(self) -> _Snapshot:
         slots, params = named_slots(self.roots)
-        names: Dict[int, str] = {}  # storage -> name; a DeclaredIO's name wins over a module path
+        index: RegionIndex[str] = RegionIndex()
         fingerprints = []
         for name, io in self.ios:
             value = _capture(io)
             for found in walk_tensors(value):
-                names.setdefault(storage_key(found) or 0, name)
+                index.add(name, found)
             fingerprints.append(_frozen(value))
         versions: Dict[str, Tuple[Optional[torch.Tensor], int]] = {}
         for name, tensor in slots.items():
             if tensor is not None:
-                name = names.setdefault(storage_key(tensor) or 0, name)
+                name = index.add(name, tensor)
             versions[name] = (tensor, _version(tensor))
         grads = {pid: f"{name}.grad" for pid, name in params.items()}
         self.weights.update(name for name in params.values() if name in versions)
-        return versions, names, grads, fingerprints
+        return _Snapshot(versions, index, grads, fingerprints)
 
-    def _name_of(self, key: int, named: Dict[int, str]) -> Optional[str]:
-        name = named.get(key)
-        if name is None and key in self.existing_by_key:
-            name = self.unnamed.get(key)
+    def _names_of(self, region: Optional[Region], named: Sequence[RegionIndex[str]]) -> List[str]:
+        """The names of the memory ``region`` meets: named state, else an unnamed tensor that existed before."""
+        if region is None:
+            return []
+        found = list(dict.fromkeys(name for index in named for name in index.meeting(region)))
+        if not found and region.storage in self.existing_by_key:
+            name = self.unnamed.get(region.storage)
             if name is None:
-                name = self.unnamed[key] = describe(self.existing_by_key[key], len(self.unnamed) + 1)
-        return name
+                name = self.unnamed[region.storage] = describe(self.existing_by_key[region.storage],
+                                                               len(self.unnamed) + 1)
+            found.append(name)
+        return found
 
-    def run(self, task: PipelineTask, call: Callable[[], Any], access: TaskAccess) -> None:
-        """``call()`` (the task on its context), noting into ``access`` what it does to the state."""
+    def run(self, task: PipelineTask, call: Callable[[], Any], access: TaskAccess) -> List[Region]:
+        """``call()`` (the task on its context), noting into ``access`` what it does to the state; returns the
+        memory its operators wrote."""
         before = self._snapshot()
         existing_versions = [_version(t) for t in self.existing]
-        storages: List[Tuple[int, str]] = []
+        reads: List[Optional[Region]] = []
+        writes: List[Optional[Region]] = []
         grads: List[Tuple[torch.Tensor, str]] = []
         draws: List[GeneratorKey] = []
-        with _GradSlots(lambda t, kind: grads.append((t, kind))), _OperatorAccess(
-                lambda key, kind: storages.append((key, kind)), draws.append):
+        with _GradSlots(lambda t, kind: grads.append((t, kind))), Observer(
+                lambda t: reads.append(region_of(t)), lambda t: writes.append(region_of(t)), draws.append):
             call()
         after = self._snapshot()
-        named = {**after[1], **before[1]}
+        named = (before.names, after.names)
+        written = [r for r in writes if r is not None]
+        reported = {r.storage for r in written}
         noted: List[Tuple[str, str]] = [(WRITE, name) for name in self.declared[task.name]]
-        for key, kind in storages:
-            name = self._name_of(key, named)
-            if name is not None:
-                noted.append((kind, name))
-        grad_names = {**after[2], **before[2]}
+        for kind, regions in ((READ, reads), (WRITE, writes)):
+            for region in dict.fromkeys(regions):
+                noted += [(kind, name) for name in self._names_of(region, named)]
+        grad_names = {**after.grads, **before.grads}
         noted += [(kind, grad_names[id(t)]) for t, kind in grads if id(t) in grad_names]
-        for name in before[0].keys() | after[0].keys():
-            was, now = before[0].get(name, (None, -1)), after[0].get(name, (None, -1))
-            if was[0] is not now[0] or was[1] != now[1]:
+        for name in before.versions.keys() | after.versions.keys():  # replaced, or written behind the dispatcher
+            (was, was_version), (now, now_version) = (before.versions.get(name, (None, -1)),
+                                                      after.versions.get(name, (None, -1)))
+            moved = was_version != now_version and now is not None and storage_key(now) not in reported
+            if was is not now or moved:
                 noted.append((WRITE, name))
         for tensor, version in zip(self.existing, existing_versions):
-            if _version(tensor) != version:
-                noted.append((WRITE, self._name_of(storage_key(tensor) or 0, named) or describe(tensor, 0)))
-        for (name, _), was, now in zip(self.ios, before[3], after[3]):
+            if _version(tensor) != version and storage_key(tensor) not in reported:
+                noted += [(WRITE, name) for name in self._names_of(region_of(tensor), named)] or [
+                    (WRITE, describe(tensor, 0))]
+        for (name, _), was, now in zip(self.ios, before.fingerprints, after.fingerprints):
             if not _same(was, now):
                 noted.append((WRITE, name))
         for drawn in dict.fromkeys(draws):
@@ -376,6 +295,7 @@ class StateRecorder:
         for kind, name in noted:
             access.note(kind, name)
             self.state.add(name)
+        return written
 
 
 def _live_tensors() -> List[torch.Tensor]:

@@ -11,19 +11,28 @@ not compared again.
 The view's plain reads and assignments are logged in place (the common case of a checked
 run: no Python call but the view's own), and the checker is called only when the log
 holds another unit's access whose verdict is not already known to be "ordered".
-Everything else (``vars(ctx)``, deletes, values changed in place, draws) goes through the
-journal's hooks.
+Everything else (``vars(ctx)``, deletes, draws) goes through the journal's hooks.
+
+The journal is also the call's ``OperatorObserver`` (``operators.py``): it keeps the tensors
+the call's operators wrote, and those they read among the checker's named state; when the
+call returns, ``finish`` writes every context attribute whose value covers memory written
+(``inplace.attributes_meeting``: an alias, a view, the batch under another name), every
+attribute whose container the call changed, and hands the state's reads and writes to the
+checker. A read of an attribute the context lacks goes to the checker first
+(``early_read``): the task that sets it may not have run yet.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Protocol, Set, Tuple
+from typing import Any, Callable, Collection, Dict, List, Optional, Protocol, Tuple
 
 import torch
 
-from .access import DELETE, MUTATE, READ, WRITE, DrawObserver
+from .access import DELETE, MUTATE, READ, WRITE
 from .generators import GeneratorKey
-from .inplace import WATCHED, ValueWatch
+from .inplace import WATCHED, ValueWatch, attributes_meeting
+from .memory import Region, regions_of
+from .operators import OperatorObserver
 from ..plan.model import IterContext
 from ..shortcut.recording import JOURNAL_SLOT, Journal, RecordingView
 
@@ -31,16 +40,18 @@ __all__: List[str] = []
 
 Unit = Tuple[int, int]  # (task index in the plan, iteration)
 Access = Tuple[Unit, str]  # (unit, kind)
-Log = Dict[Any, List[Access]]  # one context's accesses: attribute (or EVERY) -> [(unit, kind)]
+Log = Dict[Any, List[Any]]  # one context's accesses: attribute (or EVERY) -> [(unit, kind)]; FINISHED -> [task]
 
 EVERY = object()  # the log key of a look at every attribute at once
-_WATCHED_TYPES = frozenset({torch.Tensor, torch.nn.Parameter, list, dict, tuple, set})  # watched, at a glance
-_PLAIN_TYPES = frozenset({int, float, bool, str, bytes, complex, type(None)})  # never watched, at a glance
+FINISHED = object()  # the log key of the tasks whose call on this context has returned (or raised)
+_WATCHED_TYPES = frozenset({list, dict, tuple, set})  # watched, at a glance (tensors: by the memory written)
+_PLAIN_TYPES = frozenset({int, float, bool, str, bytes, complex, type(None), torch.Tensor, torch.nn.Parameter})
 new_view, set_journal = object.__new__, JOURNAL_SLOT.__set__  # CheckedView(journal) is set_journal(new_view(...))
 
 
 class Checker(Protocol):
-    """What a checked call asks of its checker (``RaceChecker``): compare an access, log a draw, known verdicts."""
+    """What a checked call asks of its checker (``RaceChecker``): compare an access, log a draw or the state's
+    accesses, settle a read of a missing attribute; and the verdicts it already knows."""
 
     _verdicts: Dict[Tuple[int, int, int], bool]  # (task, other task, iteration distance) -> ordered by happens-before
 
@@ -48,25 +59,31 @@ class Checker(Protocol):
 
     def _draw(self, key: GeneratorKey, unit: Unit) -> None: ...
 
+    def _state(self, unit: Unit, reads: List[torch.Tensor], written: List[Region]) -> None: ...
 
-class CheckedJournal(Journal, DrawObserver):
+    def early_read(self, log: Log, name: str, unit: Unit) -> Optional[BaseException]: ...
+
+
+class CheckedJournal(Journal, OperatorObserver):
     """The recording view's journal for one call of a wrapped task: every access goes to the checker's log.
 
-    It is also the dispatch mode that sees the call's draws (``DrawObserver``: pushed on the
-    calling thread for the length of the call), one object where two would cost a lookup
-    and a hand-over per call on the checker's hot path.
+    It is also the dispatch mode that sees the call's operators (``OperatorObserver``: pushed
+    on the calling thread for the length of the call), one object where two would cost a
+    lookup and a hand-over per call on the checker's hot path.
     """
 
     watches = WATCHED
-    values: Optional[ValueWatch] = None  # the values read, once one could be changed in place
-    written: Optional[Set[int]] = None  # the storages this call's operators wrote, on its thread
+    values: Optional[ValueWatch] = None  # the containers read, once one could be changed in place
+    written: Optional[List[torch.Tensor]] = None  # the tensors this call's operators wrote, on its thread
+    state_reads: Optional[List[torch.Tensor]] = None  # the tensors of the checker's state they read
 
-    def __init__(self, target: IterContext, checker: Checker, log: Log,
-                 unit: Unit) -> None:  # (no super().__init__:) the journal's own records are not kept
+    def __init__(self, target: IterContext, checker: Checker, log: Log, unit: Unit,
+                 reads_of: Collection[int]) -> None:  # (no super().__init__:) the journal's own records are not kept
         self.target = target
         self.checker = checker
         self.log = log
         self.unit = unit
+        self.reads_of = reads_of
 
     def _log(self, name: Any, kind: str) -> None:
         """Log one access, then compare it with the log (see the module docstring: no lock, never a miss)."""
@@ -102,19 +119,32 @@ class CheckedJournal(Journal, DrawObserver):
         """A draw by an operator of this call: log it with the checker."""
         self.checker._draw(key, self.unit)
 
-    def wrote(self, key: int) -> None:
-        if self.values is not None:  # (only a value read from the context can be a change of it)
-            if self.written is None:
-                self.written = set()
-            self.written.add(key)
+    def wrote(self, tensor: torch.Tensor) -> None:
+        if self.written is None:
+            self.written = []
+        self.written.append(tensor)
+
+    def read_tensor(self, tensor: torch.Tensor) -> None:
+        if self.state_reads is None:
+            self.state_reads = []
+        self.state_reads.append(tensor)
+
+    @property
+    def unfinished(self) -> bool:
+        """Whether ``finish`` has anything to look at."""
+        return self.values is not None or self.written is not None or self.state_reads is not None
 
     def finish(self) -> None:
-        """After the call: each value read that it changed in place is a write of its attribute. A tensor
-        whose storage no operator of this call wrote was changed meanwhile by another thread's task: that
-        task logs the change as its own write, so the report names who changed what."""
+        """After the call: memory its operators wrote is a write of every attribute covering it; a container
+        it read and changed is a write of its attribute; the state it read and wrote goes to the checker."""
+        written = regions_of(self.written or ())
+        changed = attributes_meeting({"batch": self.target.batch, **vars(self.target)}, written) if written else []
         if self.values is not None:
-            for name in self.values.changed(self.written or set()):
-                self._log(name, MUTATE)
+            changed += self.values.changed()
+        for name in dict.fromkeys(changed):
+            self._log(name, MUTATE)
+        if written or self.state_reads:
+            self.checker._state(self.unit, self.state_reads or [], written)
 
 
 class CheckedView(RecordingView):
@@ -146,7 +176,13 @@ class CheckedView(RecordingView):
                 if other_kind != READ and other != unit and not verdicts.get((other[0], unit[0], unit[1] - other[1])):
                     journal.checker._compare(log, name, entries, access)
                     break
-        value = getattr(journal.target, name)
+        try:
+            value = getattr(journal.target, name)
+        except AttributeError:
+            error = journal.checker.early_read(log, name, unit)
+            if error is not None:
+                raise error from None
+            raise
         kind = type(value)
         if kind in _WATCHED_TYPES or (kind not in _PLAIN_TYPES and isinstance(value, WATCHED)):
             journal.watch(name, value)

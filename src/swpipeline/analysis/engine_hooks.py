@@ -18,7 +18,7 @@ from ..engine import hooks
 from ..engine.hooks import EngineHooks
 from ..engine.lifetime import ObservedUses, attribute_uses
 from ..plan.model import PipelinePlan
-from .races import RaceChecker
+from .checker import RaceChecker
 from .report import PlanAnalysis
 
 __all__: List[str] = []

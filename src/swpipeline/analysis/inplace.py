@@ -1,39 +1,39 @@
-"""Writes without an assignment: a value read from the context, changed in place by the task that read it.
+"""Writes without an assignment: memory an operator wrote, and containers changed in place.
 
 ``ctx.x.mul_(2)``, ``ctx.batch["img"].div_(255)`` and ``ctx.log.append(item)`` assign
-nothing, so a recording view of the context sees only reads. ``ValueWatch`` remembers,
-for each value a task reads from the context, a *probe* of what it can see of it, and
-compares the probes again when the task returns:
+nothing, so a recording view of the context sees only reads. Two things tell the writes:
 
-* a tensor: its version counter, which every in-place operation on it or on any view of
-  it bumps (views share their base's counter);
-* a list, set, deque or dict: the identity of each of its items (and keys), so an
-  append, a removal, an item replaced or a key added is a change;
-* the tensors and containers inside a container or tuple, down to ``MAX_NESTING`` levels
-  below the value, at most ``MAX_ITEMS`` items per container.
+* **memory** (``attributes_meeting``): the tensors a task's operators wrote (in place or
+  ``out=``, by their schema) cover some bytes of some storages (``memory.py``); every
+  context attribute whose value holds a tensor covering any of those bytes is written, by
+  whatever name the task wrote through: ``ctx.y = ctx.x`` then ``ctx.y.add_(1)`` writes
+  ``ctx.x`` too, a view ``ctx.x[:2]`` changed in place writes ``ctx.x``, and two disjoint
+  rows of one buffer never write each other (though they share one version counter);
+* **containers** (``ValueWatch``): for each value a task reads from the context, the
+  identity of each item (and key) of a list, set, deque or dict, so an append, a removal,
+  an item replaced or a key added is a write of the attribute it was read from. For a
+  serial run (``analyze``) it also compares tensors' version counters, to catch a write no
+  operator reported (native code that bumps the counter behind the dispatcher).
 
-A change is a write of the attribute the value was read from, made by the task that
-read it. While tasks run at once (the race checker), a tensor may also change because
-another task changed it meanwhile: the checker then counts the change only when an
-operator on the reading task's thread wrote the tensor's storage (``changed(written)``);
-the task that did write it logs it as its own. The probes keep the items they compare
-alive, so an address reused by a new object never hides a replacement.
+Both look down to ``MAX_NESTING`` levels below an attribute's value, at most ``MAX_ITEMS``
+items per container. The probes keep the items they compare alive, so an address reused
+by a new object never hides a replacement.
 
-What a probe cannot see: a write through memory torch does not count (``t.data``,
-``t.numpy()``, a pointer handed to native code); tensors without a version counter
-(made under ``torch.inference_mode``); attributes of other objects; containers nested
-deeper than ``MAX_NESTING`` or past the first ``MAX_ITEMS`` items.
+What neither can see: a write through memory torch does not count (``t.data``,
+``t.numpy()``, a pointer handed to native code); tensors without a version counter (made
+under ``torch.inference_mode``) written behind the dispatcher; attributes of other objects;
+containers nested deeper than ``MAX_NESTING`` or past the first ``MAX_ITEMS`` items.
 """
 
 from __future__ import annotations
 
 import collections
 import operator
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import AbstractSet, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from .naming import storage_key
+from .memory import Region, meet, region_of, storage_key
 
 __all__: List[str] = []
 
@@ -82,7 +82,7 @@ def _probes(value: Any, depth: int, out: List[_Probe]) -> None:
 
 
 class ValueWatch:
-    """The values one task call read from the context, to tell afterwards which it changed in place."""
+    """The values one task call read from the context, to tell afterwards which containers it changed in place."""
 
     __slots__ = ("_watched",)
 
@@ -97,20 +97,53 @@ class ValueWatch:
             _probes(value, 0, probes)
             self._watched[key] = (name, value, probes)
 
-    def changed(self, written: Optional[Set[int]] = None) -> List[str]:
-        """The attributes whose watched values changed in place since they were read, in the order first read.
+    def changed(self, reported: Optional[AbstractSet[int]] = None) -> List[str]:
+        """The attributes whose watched containers changed since they were read, in the order first read.
 
-        ``written``: the storages the task's own operators wrote (seen on its thread); a tensor whose
-        version moved but whose storage is not among them was changed by another thread meanwhile,
-        and that change is the other task's write, not this one's.
+        ``reported``: in a serial run (every change is the task's own), the storages the task's
+        operators were seen writing; a tensor whose version counter moved though its storage is
+        not among them was written behind the dispatcher, and changes its attribute too. None:
+        tensors are left to ``attributes_meeting``.
         """
         found: List[str] = []
         for name, _, probes in self._watched.values():
-            if name not in found and any(not _same(seen, _seen(obj)) and _own(obj, written) for obj, seen in probes):
+            if name not in found and any(_changed(obj, seen, reported) for obj, seen in probes):
                 found.append(name)
         return found
 
 
-def _own(obj: Any, written: Optional[Set[int]]) -> bool:
-    """Whether a change of ``obj`` is the watching task's (``ValueWatch.changed``)."""
-    return written is None or not isinstance(obj, torch.Tensor) or storage_key(obj) in written
+def _changed(obj: Any, seen: Any, reported: Optional[AbstractSet[int]]) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return reported is not None and seen != _version(obj) and storage_key(obj) not in reported
+    return not _same(seen, _seen(obj))
+
+
+def tensors_within(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    """The tensors a context attribute's value holds, down to ``MAX_NESTING`` levels, ``MAX_ITEMS`` per container."""
+    if isinstance(value, torch.Tensor):
+        yield value
+        return
+    if depth >= MAX_NESTING or not isinstance(value, WATCHED):
+        return
+    items = value.values() if isinstance(value, dict) else value
+    for k, item in enumerate(items):
+        if k >= MAX_ITEMS:
+            break
+        yield from tensors_within(item, depth + 1)
+
+
+def attributes_meeting(attributes: Mapping[str, Any], written: Sequence[Region]) -> List[str]:
+    """The attributes whose values hold a tensor covering memory in ``written`` (in the mapping's order)."""
+    by_storage: Dict[int, List[Region]] = {}
+    for region in written:
+        by_storage.setdefault(region.storage, []).append(region)
+    found = []
+    for name, value in attributes.items():
+        for tensor in tensors_within(value):
+            near = by_storage.get(storage_key(tensor) or 0)
+            if near:
+                mine = region_of(tensor)
+                if mine is not None and any(meet(mine, region) for region in near):
+                    found.append(name)
+                    break
+    return found

@@ -17,6 +17,7 @@ from typing import Any, Deque, Dict, Iterable, Iterator, List, Mapping, Optional
 import torch
 
 from ..plan.model import IterContext
+from .memory import RegionIndex
 
 __all__: List[str] = []
 
@@ -158,6 +159,16 @@ def named_slots(roots: Mapping[str, Any]) -> Tuple[Dict[str, Optional[torch.Tens
     return slots, param_names
 
 
+def state_index(roots: Mapping[str, Any]) -> "RegionIndex[str]":
+    """The named state now (``named_slots``), indexed by the memory each name covers; it keeps the tensors
+    alive, so that no other tensor takes their storages while the index is in use."""
+    index: RegionIndex[str] = RegionIndex(keep=True)
+    for name, tensor in named_slots(roots)[0].items():
+        if tensor is not None:
+            index.add(name, tensor)
+    return index
+
+
 def walk_tensors(value: Any, depth: int = 0, seen: Optional[Set[int]] = None) -> List[torch.Tensor]:
     """The tensors inside a value: containers, named tuples, dataclasses and objects' attributes."""
     seen = set() if seen is None else seen
@@ -176,16 +187,6 @@ def walk_tensors(value: Any, depth: int = 0, seen: Optional[Set[int]] = None) ->
     else:
         items = [v for _, v in _attributes(value)]
     return [t for item in items for t in walk_tensors(item, depth + 1, seen)]
-
-
-def storage_key(tensor: torch.Tensor) -> Optional[int]:
-    """Identifies a tensor's storage while it is alive (views share it); None for tensors without one."""
-    try:
-        if tensor.device.type == "meta" or tensor.layout != torch.strided:
-            return None
-        return int(tensor.untyped_storage()._cdata)
-    except Exception:  # wrapper subclasses, functional tensors
-        return None
 
 
 def describe(tensor: torch.Tensor, number: int) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import AbstractSet, Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import AbstractSet, Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 from ..plan import ordering
 from .access import DRAW, READ, READ_ALL, IterationAccess, StateRecorder, TaskAccess, recording_view
@@ -36,6 +36,7 @@ from .races import HappensBefore, InterDeps, Placement, conflict_clause, depende
 
 __all__: List[str] = []
 
+T = TypeVar("T")
 Edge = Tuple[str, str, int]  # (task, depends_on, distance): task(i) after depends_on(i - distance)
 Touch = Tuple[str, str, str]  # (name, how depends_on touched it, how task touched it)
 Entry = Tuple[str, str, str, str]  # (task, depends_on, "intra" | "inter", reason)
@@ -55,15 +56,9 @@ def record_iteration(tasks: Sequence[PipelineTask], batch: Any, warmup: int = 0,
     for task in tasks:
         access = accesses[task.name] = TaskAccess()
         view, finish = recording_view(ctx, functools.partial(_note_attribute, access))
-        _call(task, functools.partial(recorder.run, task, functools.partial(_then, task.fn, view, finish), access),
-              warmup)
+        finish(_call(task, functools.partial(recorder.run, task, functools.partial(task.fn, view), access), warmup))
     _settle_context(accesses)
     return IterationAccess([t.name for t in tasks], accesses, recorder.state, recorder.weights)
-
-
-def _then(fn: Callable[[IterContext], Any], view: IterContext, finish: Callable[[], None]) -> None:
-    fn(view)
-    finish()
 
 
 def _settle_context(accesses: Mapping[str, TaskAccess]) -> None:
@@ -76,10 +71,10 @@ def _settle_context(accesses: Mapping[str, TaskAccess]) -> None:
             access.reads.discard("ctx.batch")
 
 
-def _call(task: PipelineTask, call: Callable[[], Any], iter_idx: int) -> None:
+def _call(task: PipelineTask, call: Callable[[], T], iter_idx: int) -> T:
     """``call()``, its exception annotated with the task and iteration (a StopIteration made a RuntimeError)."""
     try:
-        call()
+        return call()
     except StopIteration as exc:
         raise annotate(stop_iteration_error(exc, task.name, iter_idx), task.name, iter_idx) from exc
     except BaseException as exc:
@@ -151,9 +146,8 @@ def _merge_back(deps: InterDeps, edges: Sequence[Edge]) -> Dict[str, List[Union[
     return merged
 
 
-def _names_text(names: Sequence[str], limit: int = 3) -> str:
-    shown = ", ".join(f"`{n}`" for n in names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+def _names_text(names: Sequence[str]) -> str:
+    return ", ".join(f"`{n}`" for n in names)
 
 
 def conflict_text(task: str, dep: str, touches: Sequence[Touch]) -> str:
@@ -206,8 +200,8 @@ class PlanAnalysis:
         lines.append("what each task touched:")
         width = max(len(n) for n in self.order)
         for name in self.order:
-            reads = _names_text(sorted(self.reads[name]), 4) or "-"
-            writes = _names_text(sorted(self.writes[name]), 4) or "-"
+            reads = _names_text(sorted(self.reads[name])) or "-"
+            writes = _names_text(sorted(self.writes[name])) or "-"
             lines.append(f"  {name:<{width}}  reads {reads}; writes {writes}")
         return "\n".join(lines)
 

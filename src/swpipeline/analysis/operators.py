@@ -1,0 +1,135 @@
+"""What torch operators touch while a task runs: the tensors they read and write, the generators they draw from.
+
+``OperatorObserver`` is a ``TorchDispatchMode`` that hands each operator call's
+
+* written tensors to ``wrote(tensor)``: the arguments its schema marks as written (in place,
+  ``out=``), after the operator ran;
+* read tensors to ``read_tensor(tensor)``: the arguments its schema does not mark as aliased, every
+  one or (``reads_of``) only those whose storage is in a given set. An argument the result
+  aliases without writing it (``t``, ``view``, ``detach``) is a view: no data is touched, so
+  it is no read;
+* generators drawn from to ``drew(key)`` (see ``generators.py``).
+
+Both checks use it: ``analyze`` (``access.py``) over a whole serial task, noting every read,
+and the race checker (``checked_call.py``), pushed on the calling thread's dispatch-mode stack
+alone (``push``/``pop``), for the length of one task call, so that it sees that call's
+operators and no other thread's. It is pushed with torch's stack functions, not ``with
+observer:``, which would also set process-wide flags that change how ``torch.compile`` runs
+on other threads; it declares ``ignore_compile_internals``, so compiled code on its own thread
+compiles and runs as without it. Higher-order operators (``torch.cond`` & co.) pass through it
+as they are: what they touch inside is not seen.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Collection, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .generators import GeneratorKey, drawn_from, draws_nothing
+from .memory import storage_key
+
+__all__: List[str] = []
+
+_Where = Tuple[Tuple[int, str], ...]  # (position, name) of arguments
+_ARGUMENTS: Dict[Any, Tuple[_Where, _Where]] = {}  # operator -> (the arguments it reads, the arguments it writes)
+
+
+def _arguments(func: Any) -> Tuple[_Where, _Where]:
+    """Where an operator's schema says it reads and writes its arguments (cached per operator)."""
+    found = _ARGUMENTS.get(func)
+    if found is None:
+        schema = getattr(func, "_schema", None)
+        arguments = list(enumerate(schema.arguments if schema is not None else ()))
+        found = _ARGUMENTS[func] = (
+            tuple((k, arg.name) for k, arg in arguments if arg.alias_info is None),
+            tuple((k, arg.name) for k, arg in arguments if arg.alias_info is not None and arg.alias_info.is_write))
+    return found
+
+
+def _tensors(args: Sequence[Any], kwargs: Dict[str, Any], where: _Where) -> Iterator[torch.Tensor]:
+    for k, name in where:
+        value = args[k] if k < len(args) else kwargs.get(name)
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from (v for v in value if isinstance(v, torch.Tensor))
+
+
+class OperatorObserver(TorchDispatchMode):
+    """Hands every operator's reads, writes and draws to ``read_tensor``, ``wrote`` and ``drew`` (see the module
+    docstring). ``reads_of``: the storages whose reads are handed on (None: every read)."""
+
+    supports_higher_order_operators = True
+    reads_of: Optional[Collection[int]] = ()  # (the race checker's journal sets it per call; never __init__)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:  # typed, for the subclasses of modules mypy checks strictly
+        super().__init_subclass__(**kwargs)
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (),
+                           kwargs: Optional[Dict[str, Any]] = None) -> Any:
+        kwargs = kwargs or {}
+        reads, writes = _ARGUMENTS.get(func) or _arguments(func)
+        watched = self.reads_of
+        if watched is None:
+            for tensor in _tensors(args, kwargs, reads):
+                self.read_tensor(tensor)
+        elif watched:
+            for tensor in _tensors(args, kwargs, reads):
+                if storage_key(tensor) in watched:
+                    self.read_tensor(tensor)
+        result = func(*args, **kwargs)
+        if writes:
+            for tensor in _tensors(args, kwargs, writes):
+                self.wrote(tensor)
+        if draws_nothing(func):  # the common case: an operator known to draw nothing
+            return result
+        key = drawn_from(func, args, kwargs, result)
+        if key is not None:
+            self.drew(key)
+        return result
+
+    def read_tensor(self, tensor: torch.Tensor) -> None:
+        """An operator read ``tensor`` (one whose storage is in ``reads_of``, unless that is None)."""
+
+    def wrote(self, tensor: torch.Tensor) -> None:
+        """An operator wrote ``tensor`` (in place or ``out=``)."""
+
+    def drew(self, key: GeneratorKey) -> None:
+        """An operator drew from the generator ``key``."""
+
+
+class Observer(OperatorObserver):
+    """An ``OperatorObserver`` that hands each event to a function: ``analyze``'s, which notes every read.
+
+    Unlike the race checker's, it does not ignore what compiled code runs: ``torch.compile``
+    traces again under it, and the recorded iteration sees the operators inside.
+    """
+
+    def __init__(self, on_read: Callable[[torch.Tensor], None], on_write: Callable[[torch.Tensor], None],
+                 on_draw: Callable[[GeneratorKey], None]) -> None:
+        super().__init__()
+        self.reads_of = None
+        self._on = (on_read, on_write, on_draw)
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return False
+
+    def read_tensor(self, tensor: torch.Tensor) -> None:
+        self._on[0](tensor)
+
+    def wrote(self, tensor: torch.Tensor) -> None:
+        self._on[1](tensor)
+
+    def drew(self, key: GeneratorKey) -> None:
+        self._on[2](key)
+
+
+push: Callable[[OperatorObserver], None] = torch._C._push_on_torch_dispatch_stack  # this thread's stack only
+pop: Callable[[None], Any] = torch._C._pop_torch_dispatch_stack
