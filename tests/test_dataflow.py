@@ -114,8 +114,8 @@ def test_too_small_max_depth_is_refused_with_the_smallest_that_works() -> None:
     assert str(refused.value) == (
         "max_depth=1 is too small for this plan: each thread group runs its units in the order SWPipeline runs "
         "them (on a stream, older iterations first; the stages set how iterations interleave), and that order "
-        "needs 2 iterations alive at once (thread group 'g' waits to run A of iteration 1); use max_depth >= 2, "
-        "or lower the stages")
+        "needs 2 iterations alive at once (thread group 'g' waits to run A of iteration 1, which has not started); "
+        "use max_depth >= 2, or lower the stages")
     pipe = DataFlowPipeline(plan, max_depth=2, device="cpu")  # less than the depth (3), and enough
     pipe.run(range(6))
     assert pipe.peak_live_contexts == 2

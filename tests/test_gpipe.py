@@ -278,6 +278,35 @@ def test_a_whole_float_chunks_is_accepted_as_by_torchgpipe(chunks: float) -> Non
     assert torch.equal(out_ours, out_theirs) and torch.equal(xgrad_ours, xgrad_theirs)
 
 
+class ModeName:
+    """Not a str, but ``str()`` of it names a checkpoint mode: what torchgpipe's own test passes as ``checkpoint``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Mode(str):
+    """A str subclass naming a checkpoint mode."""
+
+
+@pytest.mark.parametrize("checkpoint", [ModeName("always"), ModeName("never"), Mode("except_last"), Mode("always")],
+                         ids=["str-like-always", "str-like-never", "str-subclass-except_last", "str-subclass-always"])
+def test_a_str_like_checkpoint_is_converted_with_str_as_by_torchgpipe(checkpoint: object) -> None:
+    plain = make_model()
+    theirs = torchgpipe.GPipe(copy.deepcopy(plain), BALANCES[2], devices=["cpu"] * 2, chunks=4, checkpoint=checkpoint)
+    ours = GPipe(copy.deepcopy(plain), BALANCES[2], devices=["cpu"] * 2, chunks=4,
+                 checkpoint=checkpoint)  # type: ignore[arg-type]
+    assert ours.checkpoint == theirs.checkpoint == str(checkpoint) and type(ours.checkpoint) is str
+    x, weights = data(16)
+    out_theirs, xgrad_theirs = step(theirs, x, weights)
+    out_ours, xgrad_ours = step(ours, x, weights)
+    assert torch.equal(out_ours, out_theirs) and torch.equal(xgrad_ours, xgrad_theirs)
+    assert all(torch.equal(a, b) for a, b in zip(grads(ours), grads(theirs)))
+
+
 @pytest.mark.parametrize("chunks, error, message", [
     (2.5, ValueError, r"chunks=2.5 is not a whole number of micro-batches; use an int such as chunks=2"),
     (True, TypeError, r"chunks must be an int \(micro-batches per mini-batch\), got bool True"),

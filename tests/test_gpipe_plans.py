@@ -145,6 +145,16 @@ def _twice() -> nn.Sequential:
     return nn.Sequential(layer, layer)
 
 
+class _Named:
+    """An object whose str() is its name (str-like, as torchgpipe takes a checkpoint mode)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __str__(self) -> str:
+        return self.name
+
+
 REFUSED: List[Any] = [
     (lambda: GPipe(nn.Linear(6, 6), [1]), TypeError, "module must be an nn.Sequential"),
     (lambda: GPipe(_twice(), [1, 1]), ValueError, "a layer appears twice"),
@@ -158,6 +168,8 @@ REFUSED: List[Any] = [
     (lambda: GPipe(model(), [2, 2], chunks="4"), TypeError, "chunks must be an int .* str '4'"),
     (lambda: GPipe(model(), [2, 2], checkpoint="sometimes"), ValueError, "checkpoint='sometimes' is not a checkpoint"),
     (lambda: GPipe(model(), [2, 2], checkpoint=True), TypeError, "checkpoint must be a str"),
+    (lambda: GPipe(model(), [2, 2], checkpoint=_Named("sometimes")), ValueError,
+     "checkpoint='sometimes' is not a checkpoint mode"),
     (lambda: GPipe(model(), [2, 2], devices=["cpu"]), ValueError, "holds 1 device.* for 2 partitions"),
     (lambda: GPipe(model(), [2, 2], devices="cpu"), TypeError, "devices must be a list of devices"),
     (lambda: GPipe(model(), [2, 2], devices=["cpu", 1.5]), TypeError, "each entry must be a torch.device"),
@@ -172,6 +184,22 @@ if not torch.accelerator.is_available():
 def test_constructor_refusals(build: Callable[[], Any], error: Type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
         build()
+
+
+@pytest.mark.parametrize("checkpoint", [None, 1, True, b"always", ["always"], object()],
+                         ids=["None", "int", "bool", "bytes", "list", "object"])
+def test_a_checkpoint_that_is_not_a_string_is_a_type_error(checkpoint: object) -> None:
+    with pytest.raises(TypeError) as refused:
+        GPipe(model(), [2, 2], checkpoint=checkpoint)  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        f"checkpoint must be a str (or an object whose str() is one), one of 'always', 'except_last', 'never'; "
+        f"got {type(checkpoint).__name__} {checkpoint!r}")
+
+
+@pytest.mark.parametrize("checkpoint", ["never", _Named("always")], ids=["str", "str-like"])
+def test_a_checkpoint_is_kept_as_a_plain_str(checkpoint: object) -> None:
+    gpipe = GPipe(model(), [2, 2], checkpoint=checkpoint)  # type: ignore[arg-type]
+    assert gpipe.checkpoint == str(checkpoint) and type(gpipe.checkpoint) is str
 
 
 def test_forward_refusals() -> None:

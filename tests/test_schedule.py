@@ -41,8 +41,8 @@ def test_the_callers_limit_is_what_keeps_the_data_flow_engine_from_getting_stuck
         schedule.check(DataFlowRule(2, 2), batches, caller_group="c")
     with pytest.raises(ScheduleError) as stuck:
         schedule.check(NoCallerLimit(2, 2), 5, caller_group="c")
-    assert stuck.value.blocked == ("thread group 'w' waits to run A of iteration 2; thread group 'c' waits to run "
-                                   "S of iteration 1")
+    assert stuck.value.blocked == ("thread group 'w' waits to run A of iteration 2, which has not started; thread "
+                                   "group 'c' waits to run S of iteration 1, which waits for B of iteration 1")
     DataFlowPipeline(caller_plan(), max_depth=2, device="cpu", caller_thread_group="c").run(range(5))
 
 
@@ -55,9 +55,11 @@ def test_an_order_that_puts_a_consumer_before_its_producer_is_rejected() -> None
     bad = dataclasses.replace(good, lanes=reversed_lanes)  # thread group 'default' would run B before A
     with pytest.raises(ScheduleError) as stuck:
         bad.check(ClockRule(1), 3)
-    assert stuck.value.blocked == "thread group 'default' waits to run B of iteration 0"
+    assert stuck.value.blocked == ("thread group 'default' waits to run B of iteration 0, which waits for A of "
+                                   "iteration 0")
     assert str(stuck.value).startswith("with 3 batches the schedule gets stuck after retiring 0 iteration(s): "
-                                       "thread group 'default' waits to run B of iteration 0\nP0: default[B(i0) A(i0)]")
+                                       "thread group 'default' waits to run B of iteration 0, which waits for A of "
+                                       "iteration 0\nP0: default[B(i0) A(i0)]")
 
 
 def test_a_max_depth_too_small_is_found_on_paper_for_the_exact_batch_count() -> None:
@@ -68,7 +70,7 @@ def test_a_max_depth_too_small_is_found_on_paper_for_the_exact_batch_count() -> 
                         intra_iter_deps=[(tasks[1], tasks[0]), (tasks[2], tasks[1])])
     schedule: Schedule = SWPipeline(plan, device="cpu")._schedule
     for batches in (1, 3):
-        with pytest.raises(ScheduleError, match="thread group 'g' waits to run A of iteration 1"):
+        with pytest.raises(ScheduleError, match="'g' waits to run A of iteration 1, which has not started"):
             schedule.check(DataFlowRule(3, 1), batches)
     schedule.check(DataFlowRule(3, 2), 3)
 

@@ -197,11 +197,69 @@ def test_a_task_that_fails_after_the_retirement_surfaces_from_the_boundary(engin
 # -- random plans, a boundary at every step -------------------------------------------------------------
 
 
+def clock_boundary(stages: Dict[str, int], fetched: int, k: int) -> Set[Unit]:
+    """What ``SWPipeline`` has run at the boundary after retiring iteration ``k`` (no step without a batch so far):
+    exactly the units of the periods released, ``k + depth`` of them, of the ``fetched`` iterations."""
+    depth = max(stages.values()) + 1
+    return {(name, i) for name, stage in stages.items() for i in range(min(k + depth - stage, fetched))}
+
+
+def data_flow_boundary(pipe: Any, fetched: int, ended: bool) -> Set[Unit]:
+    """What ``DataFlowPipeline`` has run at a boundary (no step without a batch so far: iteration i entered in
+    period i), worked out here from the plan and each thread group's order alone.
+
+    Handed out: each group's order (by period, then submission position) up to its first unit the rule holds
+    back: one of an iteration not fetched, or one that takes turns in a period past the newest fetched iteration
+    (its turns are not dealt yet), unless the data ended. Run: every unit handed out whose group's earlier units,
+    dependencies and earlier turns (every unit of a dealt period that takes turns on the same line) have run.
+    """
+    schedule, plan = pipe._schedule, pipe.plan
+    decided = sys.maxsize if ended else fetched - 1
+    last_period = fetched + schedule.depth - 1
+    orders: Dict[str, List[Tuple[int, Any, int]]] = {}
+    for group, slots in schedule.lanes.items():
+        order = orders[group] = []
+        for period, slot in ((p, s) for p in range(last_period) for s in slots):
+            it = period - slot.stage
+            if it > decided or (slot.takes_turns and period > decided):
+                break
+            if 0 <= it < fetched:
+                order.append((period, slot, it))
+
+    def lines(slot: Any) -> List[Any]:
+        return (["global order"] if slot.ordered else []) + ([slot.stream_key] if slot.shares_stream else [])
+
+    turns: Dict[Any, List[Unit]] = {}  # each line's units, in the order they take their turns
+    for period in range(min(decided + 1, last_period)):
+        for slot in schedule.slots:
+            if 0 <= period - slot.stage < fetched:
+                for line in lines(slot):
+                    turns.setdefault(line, []).append((slot.task, period - slot.stage))
+    ran: Set[Unit] = set()
+    heads = dict.fromkeys(orders, 0)
+    moved = True
+    while moved:
+        moved = False
+        for group, order in orders.items():
+            while heads[group] < len(order):
+                _, slot, it = order[heads[group]]
+                unit = (slot.task, it)
+                if not (all((dep, it) in ran for dep in plan.intra[slot.task])
+                        and all((dep, it - back) in ran for dep, back in plan.inter[slot.task] if it >= back)
+                        and all(set(turns[line][:turns[line].index(unit)]) <= ran for line in lines(slot))):
+                    break
+                ran.add(unit)
+                heads[group] += 1
+                moved = True
+    return ran
+
+
 def drive_with_boundaries(pipe: Any, log: ExecLog, batches: int, stages: Optional[Dict[str, int]]) -> int:
     """progress(advance=False) at every step, every third one without a batch; returns the steps.
 
-    At every boundary nothing starts in the gap; with ``stages`` (the clock), the units started are
-    exactly those of the periods released (checked up to the first step without a batch).
+    At every boundary nothing starts in the gap; up to the first step without a batch the units started are
+    exactly those the engine's rule runs: with ``stages``, the clock's (``clock_boundary``), else the data-flow
+    engine's (``data_flow_boundary``).
     """
     it = pipe.fill_pipeline(iter(range(batches)))
     k = 0
@@ -213,10 +271,13 @@ def drive_with_boundaries(pipe: Any, log: ExecLog, batches: int, stages: Optiona
         at_return = set(log.starts())
         assert wait_until(workers_parked)
         assert set(log.starts()) == at_return, f"started in the gap after iteration {k}"
-        if stages is not None and k < 2:
-            depth, fetched = max(stages.values()) + 1, len(pipe.contexts_in_flight()) + k + 1
-            assert at_return == {(name, i) for name, stage in stages.items()
-                                 for i in range(min(k + depth - stage, fetched))}
+        if k < 2:
+            fetched = len(pipe.contexts_in_flight()) + k + 1
+            if stages is not None:
+                assert at_return == clock_boundary(stages, fetched, k)
+            else:
+                assert fetched == min(batches, pipe.max_depth + k)  # nothing fetched since the last advance()
+                assert at_return == data_flow_boundary(pipe, fetched, ended=batches < pipe.max_depth + k), k
         pipe.advance()
         k += 1
 

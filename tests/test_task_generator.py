@@ -66,3 +66,16 @@ def test_arguments_are_checked() -> None:
         task_generator(ctx, "prep", seed=True)
     with pytest.raises(ValueError, match="task_generator: device 'nowhere' is not a torch device; pass the device"):
         task_generator(ctx, "prep", device="nowhere")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA: there, no CUDA generator can be made")
+def test_a_device_this_machine_lacks_is_a_value_error_that_names_it() -> None:
+    ctx = IterContext(None, 0)
+    with pytest.raises(ValueError) as info:
+        task_generator(ctx, "prep", device="cuda")
+    assert str(info.value) == ("task_generator: no random generator on device 'cuda': this machine has no CUDA device "
+                               "(torch.cuda.is_available() is False); pass the device the task draws on, one this "
+                               "machine has (e.g. 'cpu')")
+    assert info.value.__cause__ is None and info.value.__suppress_context__  # not torch's linker text
+    with pytest.raises(ValueError, match="^task_generator: no random generator on device 'meta': "):
+        task_generator(ctx, "prep", device="meta")

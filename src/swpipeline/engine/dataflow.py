@@ -112,8 +112,6 @@ class DataFlowPipeline(_PipelineBase):
                 f"max_depth >= {need}, or lower the stages"
             )
 
-
-
     def _caller_group_refusal(self) -> Optional[str]:
         depth = self._schedule.depth
         if not self._rule.allows_caller_group:

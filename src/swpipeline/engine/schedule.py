@@ -14,9 +14,9 @@ Each thread group's units form one sequence, ``walk``: every period in turn, wit
 one the group's slots in submission order. Both engines hand out exactly that
 sequence, as far as their release rule (``release.py``) allows; ``check`` runs it on
 paper under the same rule (FIFO queues, every dependency wait, the turns, the caller's
-own group) and raises if it could ever get stuck; the simulator times it;
-``print_schedule`` renders the same slots; ``settle`` runs the units already handed out
-on paper, to find what runs before more is (the step boundary).
+own group) and raises if it could ever get stuck (``stuck.py`` says why, in words); the
+simulator times it; ``print_schedule`` renders the same slots; ``settle`` runs the units
+already handed out on paper, to find what runs before more is (the step boundary).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, 
 from ..plan import ordering
 from ..plan.model import IterContext, PipelinePlan
 from .release import ALL, Entries, Released, ReleaseRule
+from .stuck import Standstill, blocked
 
 __all__: List[str] = []
 
@@ -69,7 +70,7 @@ class ScheduleError(RuntimeError):
 
     def __init__(self, message: str, blocked: str) -> None:
         super().__init__(message)
-        self.blocked = blocked  # the queue heads that could not move, in words
+        self.blocked = blocked  # each thread group's unit that could not move and what it waits for, in words
 
 
 @dataclass(frozen=True)
@@ -326,22 +327,11 @@ class Schedule:
                 hand_out()
                 moved = True
             if not moved:
-                waiting = []
-                for group, queue in queues.items():
-                    if heads[group] < len(queue):  # handed out, and waiting for something
-                        _, slot, it = queue[heads[group]]
-                        waiting.append((group, slot.task, it))
-                        continue
-                    period, k = positions[group]  # not handed out: the rule holds it back until it is known
-                    if k < len(self.lanes[group]):  # whether an iteration enters there (on paper, iteration i
-                        slot = self.lanes[group][k]  # enters in period i)
-                        if period - slot.stage >= 0:
-                            waiting.append((group, slot.task, period - slot.stage))
-                blocked = "; ".join(f"thread group {g!r} waits to run {task} of iteration {it}"
-                                    for g, task, it in waiting)
+                why = blocked(self, Standstill(queues, heads, positions, done, turn_orders, turn,
+                                               rule.released(entries), entries.horizon(self.depth), caller_group,
+                                               caller_through))
                 raise ScheduleError(f"with {num_batches} batches the schedule gets stuck after retiring {retired} "
-                                    f"iteration(s): {blocked or 'nothing is handed out'}\n{self.describe(4)}",
-                                    blocked)
+                                    f"iteration(s): {why or 'nothing is handed out'}\n{self.describe(4)}", why)
 
     def settle(self, queues: Mapping[str, Sequence[Tuple[int, Slot]]],
                turn_orders: Mapping[object, Sequence[Tuple[int, int]]], retired: int) -> Dict[int, int]:

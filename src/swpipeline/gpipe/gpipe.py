@@ -78,6 +78,8 @@ class GPipe(nn.Module):
             float with a whole value (``8.0``), as torchgpipe accepts.
         checkpoint: ``"always"``, ``"except_last"`` or ``"never"``: which micro-batches' activations
             are recomputed in backward instead of kept (in training mode only; see the GPipe guide).
+            A str-like object (one whose ``str()`` is a mode) is taken as ``str(checkpoint)``, as
+            torchgpipe takes it.
 
     Raises:
         TypeError: ``module`` is not an ``nn.Sequential``, or an argument has the wrong type.

@@ -103,19 +103,30 @@ def check_chunks(chunks: object) -> int:
 
 
 def check_checkpoint(checkpoint: object) -> str:
-    """``checkpoint`` as one of ``CHECKPOINT_MODES``.
+    """``checkpoint`` as one of ``CHECKPOINT_MODES``, a plain ``str``.
+
+    A str-like object (a ``str`` subclass, or one whose class defines ``__str__``) is taken
+    as ``str(checkpoint)``, as torchgpipe takes it.
 
     Raises:
-        TypeError: not a str.
+        TypeError: not a str, nor an object whose str() gives one (``None``, a number, bytes).
         ValueError: an unknown mode.
     """
-    if not isinstance(checkpoint, str):
-        raise TypeError(f"checkpoint must be a str, one of {', '.join(map(repr, CHECKPOINT_MODES))}; got "
-                        f"{type(checkpoint).__name__} {checkpoint!r}")
-    if checkpoint not in CHECKPOINT_MODES:
-        raise ValueError(f"checkpoint={checkpoint!r} is not a checkpoint mode; use 'always' (recompute every "
+    if not _str_like(checkpoint):
+        raise TypeError(f"checkpoint must be a str (or an object whose str() is one), one of "
+                        f"{', '.join(map(repr, CHECKPOINT_MODES))}; got {type(checkpoint).__name__} {checkpoint!r}")
+    mode = str(checkpoint)
+    if mode not in CHECKPOINT_MODES:
+        raise ValueError(f"checkpoint={mode!r} is not a checkpoint mode; use 'always' (recompute every "
                          f"micro-batch in backward), 'except_last' (all but the last) or 'never'")
-    return checkpoint
+    return mode
+
+
+def _str_like(value: object) -> bool:
+    """A str, or an object whose class says what it is as text (its own ``__str__``); bytes are not text."""
+    if isinstance(value, str):
+        return True
+    return not isinstance(value, (bytes, bytearray)) and type(value).__str__ is not object.__str__
 
 
 class TooFewDevicesError(ValueError, IndexError):

@@ -63,7 +63,8 @@ def task_generator(ctx: IterContext, name: str, seed: int = 0, device: Optional[
     Raises:
         TypeError: ``ctx`` is not an IterContext, ``name`` is not a string, or ``seed`` is
             not an int.
-        ValueError: ``device`` is not a device torch knows.
+        ValueError: ``device`` is not a device torch knows, or one this machine cannot make a
+            generator on (``'cuda'`` without CUDA).
     """
     if not isinstance(ctx, IterContext):
         raise TypeError(f"task_generator: ctx must be the task's IterContext, got {type(ctx).__name__}")
@@ -77,6 +78,18 @@ def task_generator(ctx: IterContext, name: str, seed: int = 0, device: Optional[
     except (RuntimeError, TypeError, ValueError):
         raise ValueError(f"task_generator: device {device!r} is not a torch device; pass the device the task draws "
                          f"on, e.g. 'cpu' or 'cuda'") from None
-    generator = torch.Generator(device=where)
+    try:
+        generator = torch.Generator(device=where)
+    except RuntimeError as error:  # torch's text for it talks of its libraries and linker flags
+        raise ValueError(f"task_generator: no random generator on device {str(where)!r}: {_why_none(where, error)}; "
+                         f"pass the device the task draws on, one this machine has (e.g. 'cpu')") from None
     generator.manual_seed(stable_seed(seed, name, ctx.iter_idx))
     return generator
+
+
+def _why_none(where: torch.device, error: RuntimeError) -> str:
+    """Why torch made no generator on ``where``, in a user's words where we know them, else torch's first sentence."""
+    if where.type == "cuda" and not torch.cuda.is_available():
+        return "this machine has no CUDA device (torch.cuda.is_available() is False)"
+    first = str(error).strip().split(". ")[0].rstrip(".")
+    return f"torch says {first!r}"

@@ -1,11 +1,11 @@
 """The recording view: a stand-in for a task's context that forwards every access to it and notes each one.
 
 A task handed ``RecordingView(journal)`` instead of its ``IterContext`` cannot tell the
-difference (attributes, ``vars()``, ``isinstance``, ``repr``, ``copy``, equality and
-hashing all behave as the context's do), while every attribute read, assignment and
-deletion reaches the ``Journal``'s hooks. Three users override those hooks: the task
-shortcut's caching run (``shortcut.py``: the default hooks, which keep what the task did
-in effect), the plan analysis (``analysis/access.py``) and the race checker
+difference (attributes, ``vars()``, ``isinstance``, ``__class__``, ``repr``, ``copy``,
+``pickle``/``torch.save``, equality and hashing all behave as the context's do), while
+every attribute read, assignment and deletion reaches the ``Journal``'s hooks. Three
+users override those hooks: the task shortcut's caching run (``shortcut.py``: the default
+hooks, which keep what the task did in effect), the plan analysis (``analysis/access.py``) and the race checker
 (``analysis/checked_call.py``).
 
 A leaf: it imports nothing of the package but the plan model.
@@ -73,6 +73,16 @@ class Journal:
     def read_all(self) -> None:
         for name in list(vars(self.target)):
             self.read(name)
+
+    def read_whole(self) -> None:
+        """The task pickles or copies the context: a look at every attribute at once and a read of the batch; a
+        shallow copy shares the values, so each one is watched as a value read by name is."""
+        self.read_all()
+        self.get_attr("batch")
+        if self.watches:
+            for name, value in list(vars(self.target).items()):
+                if isinstance(value, self.watches):
+                    self.watch(name, value)
 
     def watch(self, name: str, value: Any) -> None:
         return None
@@ -251,10 +261,12 @@ class RecordingView(IterContext):
     """Handed to a task while it is being recorded: forwards everything to the context and notes it.
 
     It behaves as the context does for everything a task may do with it: attributes,
-    ``vars()``/``__dict__`` (a ``RecordingDict``), ``isinstance``, ``repr``, ``copy``, and
-    equality and hashing, so a dict keyed by the context finds the view and the other way
-    round. ``iter_idx`` is read without a note (it never changes); ``batch`` is noted like
-    any attribute, since a task may change the batch in place.
+    ``vars()``/``__dict__`` (a ``RecordingDict``), ``isinstance``, ``repr``, and equality and
+    hashing, so a dict keyed by the context finds the view and the other way round. Pickling
+    (``pickle``, ``torch.save``) and ``copy``/``deepcopy`` give what the context gives (the same
+    bytes; ``__class__`` names the context's class, which pickle checks) and note a read of
+    everything (``Journal.read_whole``). ``iter_idx`` is read without a note (it never
+    changes); ``batch`` is noted like any attribute, since a task may change the batch in place.
     """
 
     __slots__ = ("_swp_journal",)
@@ -271,6 +283,8 @@ class RecordingView(IterContext):
                 if journal.mirror is None:
                     journal.mirror = RecordingDict(journal)
                 return journal.mirror._mirror()
+            if name == "__class__":  # pickle checks it against the class the context's reduction names
+                return type(journal.target)
             return object.__getattribute__(self, name)
         return journal.get_attr(name)
 
@@ -305,9 +319,9 @@ class RecordingView(IterContext):
         journal.read_all()
         return dir(journal.target)
 
-    def __reduce_ex__(self, protocol: Any) -> Any:  # copy.copy, copy.deepcopy, pickle: the context itself
+    def __reduce_ex__(self, protocol: Any) -> Any:  # copy.copy, copy.deepcopy, pickle, torch.save: the context itself
         journal = _journal_of(self)
-        journal.read_all()
+        journal.read_whole()
         return journal.target.__reduce_ex__(protocol)
 
 
