@@ -342,14 +342,23 @@ class WeightVersions:
             v = max(self._first, i - self.staleness)
             stash = self._versions.get(v)
             if stash is None:
-                raise RuntimeError(
-                    f"WeightVersions: the forward of iteration {i} needs version {v} of the weights, which the step "
-                    f"of iteration {v - 1} has not published yet: put versions.deps(forward, step) in the plan's "
-                    f"inter_iter_deps (the forward of iteration i then waits for the step of iteration "
-                    f"i - {self.staleness + 1})")
+                raise RuntimeError(self._unpublished(i, v))
             leaves = {id(p): t.detach().requires_grad_(p.requires_grad) for p, t in zip(self._live, stash)}
             self._in_flight[i] = _InFlight(weakref.ref(ctx), leaves)
             return leaves
+
+    def _unpublished(self, i: int, v: int) -> str:
+        """The error for a forward whose version is not published yet: the dependency, and what to do when the
+        placement refuses it."""
+        d = self.staleness + 1
+        stages = "stage" if d == 1 else "stages"
+        return (f"WeightVersions: the forward of iteration {i} needs version {v} of the weights, which the step of "
+                f"iteration {v - 1} has not published yet: put versions.deps(forward, step), which is (forward, step, "
+                f"{d}) at staleness {self.staleness}, in the plan's inter_iter_deps (the forward of iteration i then "
+                f"waits for the step of iteration i - {d}). If the plan refuses that dependency because the step is "
+                f"more than {d} {stages} after the forward, make the WeightVersions with staleness = the stage gap - 1 "
+                f"(the step's stage minus the forward's, minus 1) and put its versions.deps(forward, step) in "
+                f"inter_iter_deps, or move the step to at most {d} {stages} after the forward")
 
     def _start_run(self, first: int) -> None:
         """A run starts at iteration ``first``: every earlier iteration has stepped; w_0 is the live weights now."""
