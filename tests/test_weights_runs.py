@@ -130,3 +130,23 @@ def test_the_step_of_an_abandoned_iteration_is_refused_and_changes_nothing() -> 
     ref = Reference(mlp(), OPTIMIZERS["SGD"], k).run(data[:1]).run(data)
     assert_same_losses(lib.losses, ref.losses[1:])
     assert_same_state(lib.model, ref)
+
+
+@pytest.mark.parametrize("engine", ["SWPipeline", "DataFlowPipeline"])
+def test_a_run_abandoned_with_iterations_in_flight_then_a_load_and_a_new_run(engine: str) -> None:
+    data, k = batches(6), 2
+    run = Pipelined(engine, "per-stage", None, k, OPTIMIZERS["SGD"], len(data))
+    it = run.pipe.fill_pipeline(data)
+    run.pipe.progress(it)  # iteration 0 retired; later ones in flight
+    kept = run.pipe.contexts_in_flight()  # held here: the abandoned iterations' contexts stay alive
+    assert kept
+    run.pipe.abandon()
+    loaded = other_weights()
+    run.model.load_state_dict(loaded.state_dict())
+    run.losses = [None] * len(data)
+    drive(run.pipe, "fill_pipeline", data)
+    ref = Reference(copy.deepcopy(loaded), OPTIMIZERS["SGD"], k).run(data)
+    assert_same_losses(run.losses, ref.losses)
+    assert_same_state(run.model, ref)
+    run.versions.close()
+    del kept
