@@ -61,7 +61,9 @@ def validate_stages(plan: PipelinePlan) -> None:
                     f"iteration i-{distance} would run in a later period than {task!r} of iteration i, which "
                     f"would wait for it forever. A dependency at distance d may be at most d stages later than "
                     f"its task: reduce the gap to <= {distance}, or, if {task!r} may use an older result of "
-                    f"{dep!r}, declare ({task!r}, {dep!r}, {gap}) in inter_iter_deps"
+                    f"{dep!r}, declare ({task!r}, {dep!r}, {gap}) in inter_iter_deps (for a module's weights: "
+                    f"versions.deps({task!r}, {dep!r}) of a WeightVersions made with staleness={gap - 1} gives "
+                    f"that triple)"
                 )
 
 

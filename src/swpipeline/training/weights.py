@@ -19,19 +19,29 @@ or thread timing; ``run_serial`` computes it too.
 
 How a forward sees its version while other threads run other iterations: every
 submodule's parameter table is replaced, once, by a table that gives the calling
-thread's version inside ``use`` and the live parameter outside one. Nothing is swapped
-on the module, so forwards of different iterations, a backward and a step can run at
-once on different threads. Each iteration gets leaf tensors of its own (sharing the
-version's storage), so two iterations on one version never add their gradients together;
-a parameter shared by two submodules is one leaf. ``module.parameters()`` always gives
-the live parameters (the optimizer's), even inside ``use``.
+thread's version inside ``use`` and the live parameter outside one (``tables.py``).
+Nothing is swapped on the module, so forwards of different iterations, a backward and a
+step can run at once on different threads. Each iteration gets leaf tensors of its own
+(sharing the version's storage), so two iterations on one version never add their
+gradients together; a parameter shared by two submodules is one leaf. Inside ``use``, on
+its thread, the module is the version however its parameters are read: attributes,
+``parameters()``, ``named_parameters()``, ``state_dict()``; a loss term written with
+them (an L2 term) gets its gradient into the step, as in the serial loop. Outside
+``use`` (the optimizer, the step) they are the live parameters. Refused rather than
+lost: ``load_state_dict`` inside ``use`` (it would write into a version); at the step, a
+version changed in place inside ``use`` (other iterations would see the change, the
+live weights never) and a gradient on a live parameter that no step put there (a term
+computed with the live parameters, outside ``use``, which the step would overwrite).
 
-Runs. A run starts when a forward comes while every earlier iteration has stepped and
-its number is not the next one (the first run, or a new ``pipe.run()`` numbering from 0
-again): its version ``w_0`` is a copy of the live parameters at that moment, so weights
-loaded after ``WeightVersions`` was made are the ones trained. A run abandoned with
-iterations in flight leaves them behind until their contexts are freed; if a new run is
-refused because of them, ``close()`` this ``WeightVersions`` and make a new one.
+Runs. Every run takes its ``w_0`` from the live parameters when its first forward
+starts, so weights loaded between runs (or after ``WeightVersions`` was made) are the
+ones trained. A run starts at the forward of its first iteration: a forward numbered
+at or below the current run's first iteration, with a context other than the one in
+flight for it (``run``, ``run_serial`` and ``fill_pipeline`` number every run from 0, on
+new contexts), or a forward of any number not the next one once every iteration has
+stepped. Iterations of an earlier run still in flight (a failed or abandoned run) are
+abandoned then: their step or forward, if it still comes, is refused. A new run while a
+step of the earlier one runs on another thread is refused.
 
 Not versioned: buffers (BatchNorm's running statistics) are updated in place by the
 forward, in iteration order, as in the serial loop. A module run outside ``use`` (or on
@@ -62,6 +72,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Se
 import torch
 
 from ..plan.model import IterContext
+from .tables import VersionedParameters, iteration_context, keep_for_this_stream, refusal, refuse_load_inside_use
 
 __all__: List[str] = []
 
@@ -92,68 +103,12 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-class _VersionedParameters(Dict[str, Any]):
-    """A submodule's parameter table: inside ``use``, each name gives the calling thread's leaf of its version."""
-
-    __slots__ = ("owner",)
-
-    def __init__(self, table: Dict[str, Any], owner: WeightVersions) -> None:
-        super().__init__(table)
-        self.owner = owner
-
-    def __getitem__(self, name: str) -> Any:
-        live = dict.__getitem__(self, name)
-        current: Optional[Dict[int, torch.Tensor]] = getattr(self.owner._local, "current", None)
-        if current is None or live is None:
-            return live
-        leaf = current.get(id(live))
-        if leaf is None:
-            raise RuntimeError(f"WeightVersions: parameter {name!r} was set after WeightVersions was made, so it "
-                               f"has no versions: finish the module first, or close() and make a new WeightVersions")
-        return leaf
-
-    def __reduce__(self) -> Any:  # copy.deepcopy / pickle of the module: a plain table of the live parameters
-        return (dict, (dict(self),))
-
-
 class _InFlight(NamedTuple):
     """An iteration between its first ``use`` and its step: its context and its leaf per live parameter."""
 
     ctx: Callable[[], Optional[IterContext]]  # a weak reference: a freed context is an abandoned run's
     leaves: Dict[int, torch.Tensor]
-
-
-def _context(ctx: IterContext) -> IterContext:
-    """The context itself, also when a check hands the task a stand-in for it (its recording view)."""
-    unwrap = getattr(type(ctx), "__swp_context__", None)
-    if unwrap is None:
-        raise TypeError(f"WeightVersions: expected the task's IterContext, got {type(ctx).__name__}")
-    context: IterContext = unwrap(ctx)
-    return context
-
-
-def _refusal(module: torch.nn.Module) -> Optional[str]:
-    """Why WeightVersions cannot version ``module`` (None: it can)."""
-    for name, sub in module.named_modules():
-        where = f"submodule {name!r}" if name else "it"
-        kinds = {c.__name__ for c in type(sub).__mro__}
-        if "OptimizedModule" in kinds or getattr(sub, "_compiled_call_impl", None) is not None:
-            return (f"{where} is compiled (torch.compile), and compiled code does not read the parameters through "
-                    f"the module at every call, so it would not see the iteration's version: give WeightVersions "
-                    f"the module before compiling (for torch.compile(m), m._orig_mod) and run it uncompiled")
-        wrapper = kinds & {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"}
-        if wrapper:
-            return (f"{where} is wrapped in {wrapper.pop()}, which reads or reduces the live parameters itself while "
-                    f"a stale iteration computes with its own version: give WeightVersions the plain module and "
-                    f"average the gradients in the step, versions.step(ctx, optimizer, before_step=fn) with fn "
-                    f"calling torch.distributed.all_reduce on each p.grad (then dividing by the world size)")
-        if isinstance(sub, torch.nn.RNNBase):
-            return (f"{where} is a {type(sub).__name__}, which keeps its own list of its weights (_flat_weights) "
-                    f"and would compute with the live ones: write the loop with nn.RNNCell, nn.LSTMCell or "
-                    f"nn.GRUCell, which read their parameters at every call")
-        if isinstance(sub._parameters, _VersionedParameters):
-            return f"{where} is already versioned by another WeightVersions: close() that one first"
-    return None
+    marks: Tuple[int, ...]  # each leaf's version counter when made (shared with its version's storage)
 
 
 class WeightVersions:
@@ -166,7 +121,8 @@ class WeightVersions:
     next version. Put ``versions.deps(forward_task, step_task)`` in the plan's
     ``inter_iter_deps``: the forward of iteration ``i`` waits for the step that published
     its version. Every iteration runs its forward under ``use`` and then one step, steps
-    in iteration order.
+    in iteration order. Every run takes its version 0 from the live weights when it
+    starts; inside ``use`` the module's parameters, read in any way, are the version.
 
     Make it once the module is complete, on its device and dtype: parameters added,
     replaced or moved afterwards are refused at the next forward or step. Refused outright:
@@ -191,26 +147,30 @@ class WeightVersions:
                             f"got {staleness!r}")
         if staleness < 0:
             raise ValueError(f"WeightVersions: staleness must be >= 0 (0 is the serial loop), got {staleness}")
-        refusal = _refusal(module)
-        if refusal is not None:
-            raise ValueError(f"WeightVersions cannot version this {type(module).__name__}: {refusal}")
+        why = refusal(module)
+        if why is not None:
+            raise ValueError(f"WeightVersions cannot version this {type(module).__name__}: {why}")
         self.module = module
         self.staleness = staleness
         self._live = list(module.parameters())  # each parameter once, shared ones too
+        self._local = threading.local()  # .current: the leaves of the iteration this thread runs under use
         self._layout = self._current_layout()
+        self._names = {id_: name for name, id_, *_ in self._layout}
         self._version_bytes = sum(p.numel() * p.element_size() for p in self._live)
         self._lock = threading.Lock()
-        self._local = threading.local()  # .current: the leaves of the iteration this thread runs under use
         self._versions: Dict[int, List[torch.Tensor]] = {}  # v -> the weights after the step of iteration v - 1
         self._in_flight: Dict[int, _InFlight] = {}
+        self._run = 0  # the current run's number (0: none yet); each context is marked with the run it ran in
+        self._run_of: weakref.WeakKeyDictionary[IterContext, int] = weakref.WeakKeyDictionary()
         self._first = 0  # the run's first iteration: its version w_0 is numbered this
         self._next = 0  # the iteration whose step comes next
         self._stepping = False
-        self._last_stepped: Callable[[], Optional[IterContext]] = lambda: None
+        self._handed = self._grads_now()  # the live gradients the last step left (or found at the start)
         self._published = self._peak = 0
         self._closed = False
+        self._load_hooks = [_before_load(sub, refuse_load_inside_use) for sub in module.modules()]
         for sub in module.modules():
-            sub._parameters = _VersionedParameters(sub._parameters, self)
+            sub._parameters = VersionedParameters(sub._parameters, self, self._local)
 
     # -- the three places a training loop touches ---------------------------------------------------
 
@@ -218,12 +178,17 @@ class WeightVersions:
     def use(self, ctx: IterContext) -> Iterator[None]:
         """A block in which the module, on this thread, computes with the iteration's version of the weights.
 
+        Inside it, on this thread, the module's parameters are that version wherever they are
+        read: as attributes (``module.fc.weight``), through ``parameters()``,
+        ``named_parameters()`` and ``state_dict()``; a loss term written with them gets its
+        gradient into the iteration's step. ``load_state_dict`` is refused inside it.
+
         Raises:
             RuntimeError: the version is not published yet (the dependency from ``deps`` is
-                missing from the plan), the iteration has stepped already, or the module's
-                parameters changed since ``WeightVersions`` was made.
+                missing from the plan), the iteration has stepped already or belongs to a run
+                that ended, or the module's parameters changed since ``WeightVersions`` was made.
         """
-        leaves = self._leaves_of(_context(ctx))
+        leaves = self._leaves_of(iteration_context(ctx))
         before = getattr(self._local, "current", None)
         self._local.current = leaves
         try:
@@ -246,37 +211,27 @@ class WeightVersions:
 
         Raises:
             RuntimeError: the iteration's forward did not run under ``use(ctx)``, its step ran already,
-                or steps come out of iteration order.
+                it belongs to a run that ended, steps come out of iteration order, or a live parameter
+                has a gradient the step would drop (a loss term computed outside ``use``).
         """
-        ctx = _context(ctx)
+        ctx = iteration_context(ctx)
         i = ctx.iter_idx
         optimizers: Sequence[Any] = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
-        with self._lock:
-            self._check_open()
-            held = self._in_flight.get(i)
-            if held is None or held.ctx() is not ctx:
-                done = held is None and self._first <= i < self._next
-                raise RuntimeError(
-                    f"WeightVersions.step: the step of iteration {i} ran already: call it once per iteration (with "
-                    f"several optimizers, pass them as a list)" if done else
-                    f"WeightVersions.step: iteration {i} has no weights in use: run its forward inside "
-                    f"`with versions.use(ctx):`, with the same ctx, before its step")
-            if i != self._next or self._stepping:
-                raise RuntimeError(
-                    f"WeightVersions.step: the step of iteration {i} came before the step of iteration {self._next} "
-                    f"ended: a module's steps run one at a time, in iteration order (one step task in the plan)")
-            self._stepping = True
+        held = self._claim_step(ctx, i)
         try:
             self._check_layout()
+            self._check_unchanged(held, i)
+            self._check_no_stray_gradient(i)
             for p in self._live:
                 p.grad = held.leaves[id(p)].grad
-            _keep_for_this_stream([p.grad for p in self._live])
+            keep_for_this_stream([p.grad for p in self._live])
             if before_step is not None:
                 before_step()
             for opt in optimizers:
                 opt.step()
             for opt in optimizers:
                 opt.zero_grad()
+            self._handed = self._grads_now()
             new = self._copy_live()
         except BaseException:
             with self._lock:
@@ -290,7 +245,6 @@ class WeightVersions:
                 del self._versions[v]
             self._published += 1
             self._peak = max(self._peak, len(self._versions))
-            self._last_stepped = weakref.ref(ctx)
             self._stepping = False
 
     def deps(self, forward: Any, step: Any) -> Tuple[Any, Any, int]:
@@ -311,60 +265,155 @@ class WeightVersions:
             self._closed = True
             self._versions.clear()
             self._in_flight.clear()
+        for hook in self._load_hooks:
+            hook.remove()
         for sub in self.module.modules():
-            if isinstance(sub._parameters, _VersionedParameters) and sub._parameters.owner is self:
-                sub._parameters = dict(sub._parameters)
+            table = sub._parameters
+            if isinstance(table, VersionedParameters) and table.owner is self:
+                sub._parameters = dict(table.live_items())
 
-    # -- inside --------------------------------------------------------------------------------------
+    # -- inside: runs and forwards ---------------------------------------------------------------------
 
     def _leaves_of(self, ctx: IterContext) -> Dict[int, torch.Tensor]:
+        """The leaves the forward of ``ctx``'s iteration computes with (made at its first ``use``).
+
+        A run starts at the first forward of its first iteration: a forward numbered at or below
+        the current run's first iteration whose context is not the one in flight for it (every
+        run of ``run``, ``run_serial`` and ``fill_pipeline`` numbers its iterations from 0), or
+        any forward when every iteration of the run has stepped and its number is not the next
+        one. Iterations of an earlier run still in flight are abandoned then.
+        """
         i = ctx.iter_idx
         with self._lock:
             self._check_open()
             self._in_flight = {j: f for j, f in self._in_flight.items() if f.ctx() is not None}
             held = self._in_flight.get(i)
-            if held is not None:
-                if held.ctx() is ctx:
-                    return held.leaves  # a second use in the same iteration
+            if held is not None and held.ctx() is ctx:
+                return held.leaves  # a second use in the same iteration
+            self._refuse_a_used_context(ctx, i, "use")
+            if i <= self._first or (not self._in_flight and (not self._versions or i != self._next)):
+                self._start_run(i)
+            elif held is not None:
                 raise RuntimeError(f"WeightVersions: iteration {i} is in flight with another IterContext: one run "
                                    f"at a time may use a WeightVersions")
-            if self._last_stepped() is ctx:
-                raise RuntimeError(f"WeightVersions.use: iteration {i} has stepped already: use(ctx) belongs in "
-                                   f"its forward, before versions.step(ctx, ...)")
-            if not self._in_flight and (not self._versions or i != self._next):
-                self._start_run(i)
             elif i < self._next:
                 raise RuntimeError(
                     f"WeightVersions.use: the forward of iteration {i} comes after the step of iteration "
                     f"{self._next - 1} while iterations {sorted(self._in_flight)} are in flight: a forward runs "
-                    f"before its own step, in iteration order; if an abandoned run left these behind, close() "
-                    f"this WeightVersions and make a new one")
+                    f"before its own step, in iteration order (a new run starts at its first iteration, 0 for "
+                    f"run(), run_serial() and fill_pipeline())")
             v = max(self._first, i - self.staleness)
             stash = self._versions.get(v)
             if stash is None:
-                raise RuntimeError(
-                    f"WeightVersions: the forward of iteration {i} needs version {v} of the weights, which the step "
-                    f"of iteration {v - 1} has not published yet: put versions.deps(forward, step) in the plan's "
-                    f"inter_iter_deps (the forward of iteration i then waits for the step of iteration "
-                    f"i - {self.staleness + 1})")
+                raise RuntimeError(self._unpublished(i, v))
             leaves = {id(p): t.detach().requires_grad_(p.requires_grad) for p, t in zip(self._live, stash)}
-            self._in_flight[i] = _InFlight(weakref.ref(ctx), leaves)
+            self._in_flight[i] = _InFlight(weakref.ref(ctx), leaves, tuple(t._version for t in leaves.values()))
+            self._run_of[ctx] = self._run
             return leaves
 
+    def _refuse_a_used_context(self, ctx: IterContext, i: int, what: str) -> None:
+        """Refuse a context whose iteration is no longer in flight: it stepped, or its run ended."""
+        run = self._run_of.get(ctx)
+        if run is None:
+            return
+        if run != self._run:
+            raise RuntimeError(
+                f"WeightVersions.{what}: iteration {i} belongs to a run that ended (a new run started at iteration "
+                f"{self._first}): the iterations it left in flight were abandoned; one run at a time may use a "
+                f"WeightVersions")
+        raise RuntimeError(
+            f"WeightVersions.step: the step of iteration {i} ran already: call it once per iteration (with several "
+            f"optimizers, pass them as a list)" if what == "step" else
+            f"WeightVersions.use: iteration {i} has stepped already: use(ctx) belongs in its forward, before "
+            f"versions.step(ctx, ...)")
+
     def _start_run(self, first: int) -> None:
-        """A run starts at iteration ``first``: every earlier iteration has stepped; w_0 is the live weights now."""
+        """A run starts at iteration ``first``: w_0 is the live weights now; what was in flight is abandoned."""
+        if self._stepping:
+            raise RuntimeError(
+                f"WeightVersions: a new run starts at iteration {first} while the step of iteration {self._next} "
+                f"of the run before is running on another thread: wait for that step to end first")
         self._check_layout()
+        self._run += 1
         self._first = self._next = first
+        self._in_flight = {}
         self._versions = {first: self._copy_live()}
         self._published += 1
         self._peak = max(self._peak, 1)
+
+    def _unpublished(self, i: int, v: int) -> str:
+        """The error for a forward whose version is not published yet: the dependency, and what to do when the
+        placement refuses it."""
+        d = self.staleness + 1
+        stages = "stage" if d == 1 else "stages"
+        return (f"WeightVersions: the forward of iteration {i} needs version {v} of the weights, which the step of "
+                f"iteration {v - 1} has not published yet: put versions.deps(forward, step), which is (forward, step, "
+                f"{d}) at staleness {self.staleness}, in the plan's inter_iter_deps (the forward of iteration i then "
+                f"waits for the step of iteration i - {d}). If the plan refuses that dependency because the step is "
+                f"more than {d} {stages} after the forward, make the WeightVersions with staleness = the stage gap - 1 "
+                f"(the step's stage minus the forward's, minus 1) and put its versions.deps(forward, step) in "
+                f"inter_iter_deps, or move the step to at most {d} {stages} after the forward")
+
+    # -- inside: steps ---------------------------------------------------------------------------------
+
+    def _claim_step(self, ctx: IterContext, i: int) -> _InFlight:
+        """Iteration ``i``'s leaves, once its step may run (marked running); else the error saying why not."""
+        with self._lock:
+            self._check_open()
+            held = self._in_flight.get(i)
+            if held is None or held.ctx() is not ctx:
+                self._refuse_a_used_context(ctx, i, "step")
+                raise RuntimeError(f"WeightVersions.step: iteration {i} has no weights in use: run its forward inside "
+                                   f"`with versions.use(ctx):`, with the same ctx, before its step")
+            if i != self._next or self._stepping:
+                raise RuntimeError(
+                    f"WeightVersions.step: the step of iteration {i} came before the step of iteration {self._next} "
+                    f"ended: a module's steps run one at a time, in iteration order (one step task in the plan)")
+            self._stepping = True
+            return held
+
+    def _grads_now(self) -> List[Optional[Callable[[], Optional[torch.Tensor]]]]:
+        return [None if p.grad is None else weakref.ref(p.grad) for p in self._live]
+
+    def _check_unchanged(self, held: _InFlight, i: int) -> None:
+        """Refuse a version changed in place inside ``use``: other iterations would see it, the live weights never."""
+        for p, mark in zip(self._live, held.marks):
+            if held.leaves[id(p)]._version != mark:
+                name = self._names.get(id(p), "?")
+                raise RuntimeError(
+                    f"WeightVersions.step: parameter {name!r} was changed in place inside `with versions.use(ctx):` "
+                    f"before the step of iteration {i} (under torch.no_grad(), e.g. nn.Embedding(max_norm=...) "
+                    f"renormalizing its weight in the forward): the change is in the version, which other iterations "
+                    f"use, and never reaches the live weights. Change the weights outside use (in before_step, or "
+                    f"between runs), or train this module without WeightVersions")
+
+    def _check_no_stray_gradient(self, i: int) -> None:
+        """Refuse a gradient on a live parameter that no step put there: the step would drop it."""
+        for p, handed in zip(self._live, self._handed):
+            grad = p.grad
+            if grad is not None and (handed is None or handed() is not grad):
+                name = self._names.get(id(p), "?")
+                raise RuntimeError(
+                    f"WeightVersions.step: the live parameter {name!r} has a gradient that no step put there, before "
+                    f"the step of iteration {i}: a loss term computed with the live parameters (outside `with "
+                    f"versions.use(ctx):`, or on another thread) would be dropped here. Compute every loss term "
+                    f"inside use(ctx), where the module's parameters (attributes, parameters(), named_parameters()) "
+                    f"are the iteration's version; then clear the live .grad (optimizer.zero_grad()) to go on")
+
+    # -- inside: the live parameters -------------------------------------------------------------------
 
     def _copy_live(self) -> List[torch.Tensor]:
         with torch.no_grad():
             return [p.detach().clone() for p in self._live]
 
     def _current_layout(self) -> List[Tuple[str, int, torch.Size, torch.dtype, torch.device]]:
-        return [(name, id(p), p.shape, p.dtype, p.device) for name, p in self.module.named_parameters()]
+        """Each live parameter's name, identity, shape, dtype and device (whatever thread asks, in use or not)."""
+        before = getattr(self._local, "current", None)
+        self._local.current = None
+        try:
+            return [(name, id(p), p.shape, p.dtype, p.device) for name, p in self.module.named_parameters()]
+        finally:
+            self._local.current = before
 
     def _check_layout(self) -> None:
         now = self._current_layout()
@@ -380,9 +429,7 @@ class WeightVersions:
             raise RuntimeError("WeightVersions: closed; make a new WeightVersions to train with versions again")
 
 
-def _keep_for_this_stream(tensors: Sequence[Optional[torch.Tensor]]) -> None:
-    """Mark each accelerator tensor as in use by the current stream: its memory, once freed, waits for that
-    stream's work queued so far before it is handed out again (a no-op on the CPU)."""
-    for t in tensors:
-        if t is not None and t.device.type != "cpu" and hasattr(t, "record_stream"):
-            t.record_stream(torch.get_device_module(t.device).current_stream(t.device))
+def _before_load(module: torch.nn.Module, hook: Callable[..., None]) -> Any:
+    """Register ``hook`` to run when ``load_state_dict`` reaches ``module``; returns its removable handle."""
+    register: Callable[[Callable[..., None]], Any] = module.register_load_state_dict_pre_hook
+    return register(hook)
