@@ -4,10 +4,13 @@ Reads a trace written by ``pipe.run(data, trace="run.json")``, measures each tas
 cost from it, simulates the plan that ran (to show how well the model matches the
 run), prints the critical path and the bubbles per lane, and asks ``autoplan`` for
 the fastest plan of the same tasks within the same number of iterations alive (or
-``--max-in-flight``), with its predicted speedup::
+``--max-in-flight``), with its predicted speedup. The suggestion keeps every order the
+traced placement gave but those ``--drop-order`` names (``plan_orders.py`` says what a
+plan that drops more would gain, and the staleness trade-off)::
 
     swpipeline plan out/demo_trace.json
     swpipeline plan run.json --plan mymodule:make_plan --max-in-flight 2 --thread-groups default,prep
+    swpipeline plan run.json --drop-order Load,Step,inter --weight-versions Forward,Step
 """
 
 from __future__ import annotations
@@ -40,10 +43,13 @@ Reads a trace written by pipe.run(data, trace="run.json"), measures each task's 
 from it, simulates the plan that ran (to show how well the model matches the run),
 prints the critical path and the bubbles per lane, and searches for the fastest plan
 of the same tasks within the same number of iterations alive (or --max-in-flight),
-with its predicted speedup. For example:
+with its predicted speedup. The suggestion keeps every order the traced run got from
+where its tasks ran (two tasks on one thread run in a fixed order) but those you drop
+with --drop-order; the report names those a faster plan drops. For example:
 
   swpipeline plan out/demo_trace.json
   swpipeline plan run.json --plan mymodule:make_plan --max-in-flight 2 --thread-groups default,prep
+  swpipeline plan run.json --drop-order Load,Step,inter --weight-versions Forward,Step
 """
 
 

@@ -14,6 +14,11 @@ problem of up to 6 tasks on the CPU with ``max_in_flight <= 3``) and a determini
 local search beyond (``plan_search``). The plan it returns is valid for both engines
 (it follows the stage rules); for ``engine="dataflow"`` run it with
 ``DataFlowPipeline(plan, max_depth=max_in_flight)``.
+
+Given a ``baseline``, it keeps every order the baseline's placement gives (``kept_orders``),
+declared as dependencies where the tasks move apart, but those ``drop_orders`` names: a
+plan that works may work only because two tasks share a thread, and nothing can tell which
+of those orders its tasks need (a task may write a Python number no analysis sees).
 """
 
 from __future__ import annotations
@@ -136,21 +141,12 @@ def search_plan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRe
     drops = _orders_to_drop(drop_orders, baseline)
 
     def checked(extra: Sequence[Order]) -> SearchArgs:
-        kept_intra, kept_inter = as_dependencies(extra)
-        try:
-            return check_search_args(tasks, [*intra_iter_deps, *kept_intra], [*inter_iter_deps, *kept_inter],
-                                     costs, max_in_flight, thread_groups, streams, engine, baseline, num_iterations,
-                                     tolerance, overheads, globally_ordered, exhaustive_limit, budget, pinned or {},
-                                     caller_thread_group, cores)
-        except ValueError as exc:
-            if kept_intra and "cycle" in str(exc):  # the dependencies alone form none: an order to keep closes it
-                raise ValueError(f"autoplan: keep_orders cannot be kept: an order within one iteration runs "
-                                 f"against the dependencies ({exc})") from None
-            raise
+        return _checked(extra, tasks, intra_iter_deps, inter_iter_deps, costs, max_in_flight, thread_groups, streams,
+                        engine, baseline, num_iterations, tolerance, overheads, globally_ordered, exhaustive_limit,
+                        budget, pinned or {}, caller_thread_group, cores)
 
-    args = checked(orders)
-    placement = None
-    if baseline is not None:
+    args, placement = checked(orders), None
+    if baseline is not None:  # the orders of its placement, less those dropped, declared too
         graph = args.space.graph
         placement = keep_placement(baseline, graph.names, graph.intra_names(), graph.inter_names(), drops,
                                    "autoplan: drop_orders", _entry_text)
@@ -189,6 +185,19 @@ def search_plan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRe
                                    cores=cores)
     return PlanSearch(plan, result, engine, max_in_flight, is_exhaustive, candidates, len(scorer.cache), baseline,
                       baseline_result, kept, kept_orders, drops)
+
+
+def _checked(extra: Sequence[Order], tasks: Sequence[TaskRef], intra: Sequence[Any], inter: Sequence[Any],
+             *rest: Any) -> SearchArgs:
+    """``check_search_args`` with the ``extra`` orders declared (``rest``: its arguments after the dependencies)."""
+    kept_intra, kept_inter = as_dependencies(extra)
+    try:
+        return check_search_args(tasks, [*intra, *kept_intra], [*inter, *kept_inter], *rest)
+    except ValueError as exc:
+        if kept_intra and "cycle" in str(exc):  # the dependencies alone form none: an order to keep closes it
+            raise ValueError(f"autoplan: keep_orders cannot be kept: an order within one iteration runs against the "
+                             f"dependencies ({exc})") from None
+        raise
 
 
 def _caller(plan: PipelinePlan, group: Optional[str], engine: str, live: Optional[int]) -> Optional[str]:

@@ -67,8 +67,8 @@ class PlanSearch:
             lines.append(format_comparison(["suggested"], [self.plan], [self.result]))
         if self.kept_baseline:
             lines += ["", "no plan is predicted faster than the baseline by more than the tolerance: keep it"]
-        if self.baseline is not None:
-            given = len(self.kept_orders) + len(self.dropped_orders)
+        given = len(self.kept_orders) + len(self.dropped_orders)
+        if self.baseline is not None and given:
             lines += ["", f"orders of the baseline's placement kept: {len(self.kept_orders)} of {given}" +
                       (f", {len(self.dropped_orders)} dropped as asked:" if self.dropped_orders else "")]
             lines += [f"  - {text}" for text in grouped_text(self.dropped_orders)]
