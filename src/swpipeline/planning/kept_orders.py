@@ -195,12 +195,6 @@ def grouped_text(orders: Sequence[Order]) -> List[str]:
     return [f"after {dep}(i): {', '.join(tasks)}" for (dep, _), tasks in groups.items()]
 
 
-def declaration_text(order: Order) -> str:
-    """``("Forward", "OptimizerStep") in inter_iter_deps``."""
-    task, dep, distance = order
-    return f'("{task}", "{dep}") in {"inter_iter_deps" if distance else "intra_iter_deps"}'
-
-
 def _placed(plan: PipelinePlan) -> List[Order]:
     """Every order of two different tasks that the placement gives, distance 0 and 1."""
     placement = Placement(plan)
