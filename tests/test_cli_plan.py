@@ -106,21 +106,17 @@ def test_plan_option_gives_the_dependencies(tmp_path: Path, capsys: pytest.Captu
                                         "Prep  prep     prep         0",
                                         "Fwd   default  default      1",
                                         "Bwd   default  default      1",
-                                        "dependencies: Prep <- Load, Fwd <- Prep, Bwd <- Fwd, Fwd <- Bwd(i-1)"]
+                                        "dependencies: Prep <- Load, Fwd <- Prep, Bwd <- Fwd, Prep <- Fwd(i-1), "
+                                        "Fwd <- Bwd(i-1)"]
     end = out.index("predicted speedup               1.00x      1.90x")
     assert out[end - 2:end] == ["streams                             3          2",
                                 "critical path mostly              Bwd        Bwd"]
-    # Prep(i+1) followed Fwd(i) on the one thread; the suggestion moves Prep to the preparation thread
+    # Prep(i+1) followed Fwd(i) on the one thread: the suggestion moves Prep to the preparation thread and
+    # declares that order (Prep <- Fwd(i-1) above), and is as fast as without it
     assert out[end + 1:] == [
         "",
-        "the traced run got these orders from its placement alone (tasks on one thread or stream run in a fixed "
-        "order), and the suggestion drops them (1):",
-        "  - after Fwd(i): Prep(i+1); they ran on thread group 'default' (not the stream: on an accelerator their "
-        "kernels on stream 'prep' and the default stream are not ordered)",
-        "where one of two such tasks writes what the other reads or writes (weights, gradients, a buffer), the "
-        "suggestion races. To keep them all, run again with --keep-orders; to keep those that matter, with "
-        "--keep-order for each (e.g. --keep-order Prep,Fwd,inter), or declare them in the plan "
-        "((\"Prep\", \"Fwd\") in inter_iter_deps; analyze(plan, batch) names them)"]
+        "the suggestion keeps every order the traced run got from its placement alone (1): tasks on one thread or "
+        "stream run in a fixed order, and a trace cannot tell which of these orders the tasks need"]
 
 
 def test_a_real_traced_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -193,6 +189,13 @@ def refused(argv: List[str], capsys: pytest.CaptureFixture[str]) -> str:
     ("--streams", ",", "argument --streams: must list stream names separated by commas, e.g. default,prep; got ','"),
     ("--keep-order", "Fwd,Bwd", "argument --keep-order: must be TASK,DEP,intra or TASK,DEP,inter (e.g. "
                                 "Forward,OptimizerStep,inter: Forward(i+1) after OptimizerStep(i)); got 'Fwd,Bwd'"),
+    ("--drop-order", "Fwd:Bwd", "argument --drop-order: must be TASK,DEP,intra or TASK,DEP,inter (e.g. "
+                                "Forward,OptimizerStep,inter: Forward(i+1) after OptimizerStep(i)); got 'Fwd:Bwd'"),
+    ("--drop-order", "Fwd,Bwd,inter", "--drop-order Fwd,Bwd,inter: Fwd(i+1) after Bwd(i) is not an order the traced "
+                                      "placement alone gave (the dependencies give it); those it gave: none"),
+    ("--weight-versions", "Fwd,Bwd,Load", "argument --weight-versions: must be FORWARD,STEP, the task that computes "
+                                          "on the weights and the optimizer step that updates them (e.g. "
+                                          "Forward,OptimizerStep); got 'Fwd,Bwd,Load'"),
 ])
 def test_a_bad_option_is_one_line_in_command_line_words(option: str, value: str, message: str, tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:

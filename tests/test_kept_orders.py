@@ -1,9 +1,9 @@
-"""The planner keeps the orders a plan got from its placement alone (or says which it drops).
+"""The planner keeps the orders a plan got from its placement alone, but those the user drops by name.
 
 A training loop (a small MLP, SGD) with every model task on one thread works only because
 ``Forward(i+1)`` runs after ``Step(i)`` there; a search that moves ``Step`` to a thread of its
-own races (autograd's in-place error). With ``keep_orders=analyze(...)`` every suggestion keeps
-that order, and runs on both engines exactly as the serial loop does.
+own without that order races (autograd's in-place error). Every suggestion keeps it unless
+``drop_orders`` names it, and runs on both engines exactly as the serial loop does.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ from swpipeline.planning.overheads import EngineOverheads
 Batch = Tuple[torch.Tensor, torch.Tensor]
 COSTS = {"Load": 0.003, "Forward": 0.002, "Backward": 0.002, "Step": 0.003}
 GROUPS = ["default", "g1", "g2"]
+LOAD_DROPS = [("Load", "Forward", "inter"), ("Load", "Backward", "inter"), ("Load", "Step", "inter")]
+EVERY_ORDER = [("Load", "Forward", 1), ("Load", "Backward", 1), ("Load", "Step", 1), ("Forward", "Backward", 1),
+               ("Forward", "Step", 1), ("Backward", "Step", 1)]
 
 
 class TrainingLoop:
@@ -105,22 +108,25 @@ def test_the_analysis_names_the_order_the_one_thread_plan_relies_on() -> None:
         ("Forward", "Step", 1), ("Backward", "Step", 1)]
 
 
-def test_a_search_without_the_analysis_drops_the_order() -> None:
+def test_a_search_that_drops_every_order_of_the_placement_drops_the_one_the_step_needs() -> None:
     loop = TrainingLoop()
     free = search_plan(loop.tasks, loop.intra, [], COSTS, max_in_flight=3, thread_groups=GROUPS,
-                       baseline=loop.one_thread())
+                       baseline=loop.one_thread(), drop_orders=[(t, d, "inter") for t, d, _ in EVERY_ORDER])
+    assert (free.kept_orders, free.dropped_orders) == ((), tuple(EVERY_ORDER))
     assert free.plan.schedules["Step"].thread_group != free.plan.schedules["Forward"].thread_group
     assert orders_dropped(free.plan, analysis_orders(analysis_of(loop))) == [("Forward", "Step", 1)]
 
 
-@pytest.mark.parametrize("keep", ["analysis", "entries"])
+@pytest.mark.parametrize("keep", ["default", "analysis", "entries"])
 def test_the_suggestion_keeps_the_order_and_trains_like_the_serial_loop_on_both_engines(keep: str) -> None:
     loop = TrainingLoop()
     analysis = analysis_of(loop)
-    keep_orders: Any = analysis if keep == "analysis" else [("Forward", "Step", "inter")]
+    keep_orders: Any = {"default": None, "analysis": analysis, "entries": [("Forward", "Step", "inter")]}[keep]
     found = search_plan(loop.tasks, loop.intra, [], COSTS, max_in_flight=3, thread_groups=GROUPS,
-                        baseline=loop.one_thread(), keep_orders=keep_orders)
+                        baseline=loop.one_thread(), keep_orders=keep_orders, drop_orders=LOAD_DROPS)
     plan = found.plan
+    assert found.kept_orders == ((("Forward", "Backward", 1), ("Forward", "Step", 1), ("Backward", "Step", 1))
+                                 if keep == "default" else ())  # else the dependency kept gives them
     assert not found.kept_baseline and found.speedup is not None and found.speedup > 1.3  # Load moved off
     assert {n: (s.stage, s.thread_group) for n, s in plan.schedules.items()} == {
         "Load": (0, "g1"), "Forward": (1, "default"), "Backward": (1, "default"), "Step": (1, "default")}
@@ -131,7 +137,7 @@ def test_the_suggestion_keeps_the_order_and_trains_like_the_serial_loop_on_both_
     assert_bitwise_equal(train(loop, plan, "clocked"), expected)
     assert_bitwise_equal(train(loop, plan, "dataflow", depth=3), expected)
     assert autoplan(loop.tasks, loop.intra, [], COSTS, max_in_flight=3, thread_groups=GROUPS,
-                    baseline=loop.one_thread(), keep_orders=keep_orders) == plan
+                    baseline=loop.one_thread(), keep_orders=keep_orders, drop_orders=LOAD_DROPS) == plan
 
 
 def test_a_kept_baseline_that_races_comes_back_with_the_order_declared() -> None:
@@ -187,54 +193,49 @@ def one_thread_trace(path: Path, loop: TrainingLoop) -> PipelinePlan:
     return plan
 
 
-def test_the_command_line_says_which_orders_the_suggestion_drops(tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+PLAN_ARGS = ["--overheads", "zero", "--skip-first", "0", "--max-in-flight", "3", "--thread-groups", "default,g1,g2"]
+SAME_THREAD = "they ran on thread group 'default' and the default stream"
+RACES = ("where one of two such tasks writes what the other reads or writes (weights, gradients, a learning rate, a "
+         "buffer), a plan that drops their order races")
+
+
+def test_the_command_line_keeps_every_order_and_names_those_a_faster_plan_drops(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "run.json"
-    one_thread_trace(path, TrainingLoop())
-    assert main(["plan", str(path), "--overheads", "zero", "--skip-first", "0", "--max-in-flight", "3",
-                 "--thread-groups", "default,g1,g2"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[1] == "dependencies as declared in the trace"
-    start = out.index("the traced run got these orders from its placement alone (tasks on one thread or stream run "
-                      "in a fixed order), and the suggestion drops them (5):")
-    assert out[start + 1:] == [
-        "  - after Forward(i): Load(i+1); they ran on thread group 'default' and the default stream",
-        "  - after Backward(i): Load(i+1); they ran on thread group 'default' and the default stream",
-        "  - after Step(i): Load(i+1), Forward(i+1), Backward(i+1); they ran on thread group 'default' and the "
-        "default stream",
-        "where one of two such tasks writes what the other reads or writes (weights, gradients, a buffer), the "
-        "suggestion races. To keep them all, run again with --keep-orders; to keep those that matter, with "
-        "--keep-order for each (e.g. --keep-order Load,Forward,inter), or declare them in the plan "
-        "((\"Load\", \"Forward\") in inter_iter_deps; analyze(plan, batch) names them)"]
+    traced = one_thread_trace(path, TrainingLoop())
+    for legacy in ([], ["--keep-orders"]):  # --keep-orders, the old way to ask for the default, still runs
+        assert main(["plan", str(path), *PLAN_ARGS, *legacy]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out[1] == "dependencies as declared in the trace"
+        start = out.index("suggestion (exhaustive, 56 plans simulated, at most 3 iterations alive):")
+        assert out[start + 1] == "no plan is predicted faster than the traced one by more than 0.5%: keep it"
+        assert out.index("predicted speedup               1.00x      1.00x") == start + 20
+        assert out[start + 21:] == [
+            "",
+            "the suggestion keeps every order the traced run got from its placement alone (6): tasks on one thread or "
+            "stream run in a fixed order, and a trace cannot tell which of these orders the tasks need",
+            "",
+            "a plan predicted 2.33x as fast as the traced one (the suggestion: 1.00x) drops these of them (5):",
+            f"  - after Forward(i): Load(i+1); {SAME_THREAD}",
+            f"  - after Backward(i): Load(i+1); {SAME_THREAD}",
+            f"  - after Step(i): Load(i+1), Forward(i+1), Backward(i+1); {SAME_THREAD}",
+            f"{RACES}, and a trace cannot tell. To search without those nothing needs, run again with --drop-order "
+            f"for each: --drop-order Load,Forward,inter --drop-order Load,Backward,inter --drop-order Load,Step,inter "
+            f"--drop-order Forward,Step,inter --drop-order Backward,Step,inter",
+            "where one of them is a forward after the optimizer step that updates its weights, dropping it trains on "
+            "weights one step old or current, by timing: --weight-versions FORWARD,STEP shows the plan WeightVersions "
+            "makes exact beside the exact one"]
+    assert placement_orders(traced, minimal=False) == EVERY_ORDER
 
 
-def test_the_command_line_keeps_them_all_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "run.json"
-    loop = TrainingLoop()
-    traced = one_thread_trace(path, loop)
-    assert main(["plan", str(path), "--overheads", "zero", "--skip-first", "0", "--max-in-flight", "3",
-                 "--thread-groups", "default,g1,g2", "--keep-orders"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert "suggestion (exhaustive, 56 plans simulated, at most 3 iterations alive, keeping the 1 order(s) the " \
-           "traced placement gave):" in out
-    assert out[-1] == "the suggestion keeps every order the traced run got from its placement alone (6)"
-    # the same search through the API, run for real: the serial loop's result, bitwise, on both engines
-    found = search_plan(loop.tasks, loop.intra, [], COSTS, max_in_flight=3, thread_groups=GROUPS, baseline=traced,
-                        keep_orders=placement_orders(traced), num_iterations=20, overheads=EngineOverheads.zero())
-    expected = train(loop, loop.one_thread(), "serial")
-    assert_bitwise_equal(train(loop, found.plan, "clocked"), expected)
-    assert_bitwise_equal(train(loop, found.plan, "dataflow"), expected)
-
-
-def test_the_command_line_keeps_the_orders_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_line_drops_the_orders_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "run.json"
     loop = TrainingLoop()
     traced = one_thread_trace(path, loop)
-    assert main(["plan", str(path), "--overheads", "zero", "--skip-first", "0", "--max-in-flight", "3",
-                 "--thread-groups", "default,g1,g2", "--keep-order", "Forward,Step,inter"]) == 0
+    drops = [arg for t, d, _ in LOAD_DROPS for arg in ("--drop-order", f"{t},{d},inter")]
+    assert main(["plan", str(path), *PLAN_ARGS, *drops]) == 0
     out = capsys.readouterr().out.splitlines()
-    start = out.index("suggestion (exhaustive, 67 plans simulated, at most 3 iterations alive, keeping Forward(i+1) "
-                      "after Step(i)):")
+    start = out.index("suggestion (exhaustive, 67 plans simulated, at most 3 iterations alive):")
     assert out[start + 1:start + 8] == [
         "task      thread   stream   stage  globally ordered",
         "--------  -------  -------  -----  ----------------",
@@ -243,19 +244,74 @@ def test_the_command_line_keeps_the_orders_named(tmp_path: Path, capsys: pytest.
         "Backward  default  default      0",
         "Step      g1       g1           1",
         "dependencies: Forward <- Load, Backward <- Forward, Step <- Backward, Forward <- Step(i-1)"]
-    assert "predicted speedup               1.00x      1.40x" in out
-    assert out[-2] == "  - after Step(i): Load(i+1); they ran on thread group 'default' and the default stream"
+    end = out.index("predicted speedup               1.00x      1.40x")
+    # the suggestion moves Step, not Load: of the three orders dropped, the placement keeps two
+    assert out[end + 1:end + 5] == [
+        "",
+        "the suggestion drops 1 of the 6 orders the traced run got from its placement alone, as --drop-order asks:",
+        f"  - after Step(i): Load(i+1); {SAME_THREAD}",
+        f"{RACES}: drop only orders nothing needs"]
+    assert out[end + 6] == "a plan predicted 2.33x as fast as the traced one (the suggestion: 1.40x) drops more of " \
+                           "them (2):"
     found = search_plan(loop.tasks, loop.intra, [], COSTS, max_in_flight=3, thread_groups=GROUPS, baseline=traced,
-                        keep_orders=[("Forward", "Step", "inter")], num_iterations=20,
-                        overheads=EngineOverheads.zero())
-    assert found.plan.schedules["Step"].thread_group == "g1"
+                        drop_orders=LOAD_DROPS, num_iterations=20, overheads=EngineOverheads.zero())
+    assert {n: (s.stage, s.thread_group) for n, s in found.plan.schedules.items()} == {
+        "Load": (0, "default"), "Forward": (0, "default"), "Backward": (0, "default"), "Step": (1, "g1")}
     expected = train(loop, loop.one_thread(), "serial")
-    assert_bitwise_equal(train(loop, found.plan, "clocked"), expected)
-    assert_bitwise_equal(train(loop, found.plan, "dataflow"), expected)
-    assert main(["plan", str(path), "--keep-order", "Forward,Stp,inter"]) == 2
-    assert capsys.readouterr().err == ("swpipeline plan: error: --keep-order Forward,Stp,inter: no task 'Stp' in the "
-                                       "trace (its tasks: Load, Forward, Backward, Step)\n")
-    assert main(["plan", str(path), "--keep-order", "Load,Step,intra"]) == 2
-    assert capsys.readouterr().err == (
-        "swpipeline plan: error: --keep-order Load,Step,intra: Load runs before Step in an iteration (the plan's "
-        "dependencies say so); an order within one iteration can only follow them (or use inter for Load(i+1))\n")
+    for _ in range(3):
+        assert_bitwise_equal(train(loop, found.plan, "clocked"), expected)
+        assert_bitwise_equal(train(loop, found.plan, "dataflow"), expected)
+
+
+def refused(argv: List[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """``swpipeline plan`` refusing an option: exit 2, nothing on stdout, one line on stderr."""
+    status: object
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # argparse refused the option
+        status = exc.code
+    captured = capsys.readouterr()
+    assert (status, captured.out, captured.err.count("\n")) == (2, "", 1), captured.err
+    return captured.err.rstrip("\n")
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--drop-order", "Forward,Stp,inter"],
+     "--drop-order Forward,Stp,inter: no task 'Stp' in the trace (its tasks: Load, Forward, Backward, Step)"),
+    (["--drop-order", "Step,Load,inter"],
+     "--drop-order Step,Load,inter: Step(i+1) after Load(i) is not an order the traced placement alone gave (the "
+     "dependencies give it); those it gave: Load,Forward,inter; Load,Backward,inter; Load,Step,inter; "
+     "Forward,Backward,inter; Forward,Step,inter; Backward,Step,inter"),
+    (["--drop-order", "Load,Step,intra"],
+     "--drop-order Load,Step,intra: Load(i) after Step(i) is not an order the traced placement alone gave (the "
+     "dependencies run Load first); those it gave: Load,Forward,inter; Load,Backward,inter; Load,Step,inter; "
+     "Forward,Backward,inter; Forward,Step,inter; Backward,Step,inter"),
+    (["--drop-order", "Forward,Step,inter"],
+     "--drop-order Forward,Step,inter: Forward(i+1) after Step(i) still follows from other orders kept (Load(i+1) "
+     "after Step(i)); drop those too where nothing needs them: Load,Step,inter"),
+    (["--drop-order", "Forward,Step"],
+     "argument --drop-order: must be TASK,DEP,intra or TASK,DEP,inter (e.g. Forward,OptimizerStep,inter: "
+     "Forward(i+1) after OptimizerStep(i)); got 'Forward,Step'"),
+    (["--keep-orders", "--drop-order", "Load,Step,inter"],
+     "--keep-orders keeps every order the traced placement gave (the default now) and --drop-order Load,Step,inter "
+     "drops one: leave out --keep-orders"),
+    (["--keep-order", "Forward,Stp,inter"],
+     "--keep-order Forward,Stp,inter: no task 'Stp' in the trace (its tasks: Load, Forward, Backward, Step)"),
+    (["--keep-order", "Load,Step,intra"],
+     "--keep-order Load,Step,intra: Load runs before Step in an iteration (the plan's dependencies say so); an order "
+     "within one iteration can only follow them (or use inter for Load(i+1))"),
+    (["--weight-versions", "Forwad,Step"],
+     "--weight-versions Forwad,Step: no task 'Forwad' in the trace (its tasks: Load, Forward, Backward, Step)"),
+    (["--weight-versions", "Step,Forward"],
+     "--weight-versions Step,Forward: Step does not run before Forward in an iteration (no chain of intra-iteration "
+     "dependencies leads from Step to Forward); name the forward that reads the weights first, then the optimizer "
+     "step that updates them"),
+    (["--weight-versions", "Forward"],
+     "argument --weight-versions: must be FORWARD,STEP, the task that computes on the weights and the optimizer step "
+     "that updates them (e.g. Forward,OptimizerStep); got 'Forward'"),
+])
+def test_a_bad_order_option_is_one_line_naming_the_tasks(option: List[str], message: str, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "run.json"
+    one_thread_trace(path, TrainingLoop())
+    assert refused(["plan", str(path), *option], capsys) == f"swpipeline plan: error: {message}"

@@ -4,10 +4,13 @@ Reads a trace written by ``pipe.run(data, trace="run.json")``, measures each tas
 cost from it, simulates the plan that ran (to show how well the model matches the
 run), prints the critical path and the bubbles per lane, and asks ``autoplan`` for
 the fastest plan of the same tasks within the same number of iterations alive (or
-``--max-in-flight``), with its predicted speedup::
+``--max-in-flight``), with its predicted speedup. The suggestion keeps every order the
+traced placement gave but those ``--drop-order`` names (``plan_orders.py`` says what a
+plan that drops more would gain, and the staleness trade-off)::
 
     swpipeline plan out/demo_trace.json
     swpipeline plan run.json --plan mymodule:make_plan --max-in-flight 2 --thread-groups default,prep
+    swpipeline plan run.json --drop-order Load,Step,inter --weight-versions Forward,Step
 """
 
 from __future__ import annotations
@@ -16,17 +19,20 @@ import argparse
 import importlib
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..analysis.races import HappensBefore, Placement
+from ..analysis.races import HappensBefore
 from .args import int_at_least, name_list
+from .plan_orders import flag, format_faster, format_kept, format_tradeoff
 from ..planning.autoplan import search_plan
 from ..planning.costs import TaskCosts
-from ..planning.kept_orders import Order, declaration_text, grouped_text, order_text, orders_dropped, placement_orders
+from ..planning.kept_orders import Order, keep_placement, order_text, with_orders
 from ..planning.overheads import EngineOverheads
 from ..plan.model import PipelinePlan
 from ..planning.plan_report import format_comparison, format_plan
+from ..planning.sim_result import SimResult
 from ..planning.simulator import simulate
+from ..planning.staleness import check_pair, weight_versions_search
 from ..observe.timeline import Timeline
 from ..planning.trace_read import declared_plan, plan_from_timeline, read_trace
 
@@ -37,10 +43,13 @@ Reads a trace written by pipe.run(data, trace="run.json"), measures each task's 
 from it, simulates the plan that ran (to show how well the model matches the run),
 prints the critical path and the bubbles per lane, and searches for the fastest plan
 of the same tasks within the same number of iterations alive (or --max-in-flight),
-with its predicted speedup. For example:
+with its predicted speedup. The suggestion keeps every order the traced run got from
+where its tasks ran (two tasks on one thread run in a fixed order) but those you drop
+with --drop-order; the report names those a faster plan drops. For example:
 
   swpipeline plan out/demo_trace.json
   swpipeline plan run.json --plan mymodule:make_plan --max-in-flight 2 --thread-groups default,prep
+  swpipeline plan run.json --drop-order Load,Step,inter --weight-versions Forward,Step
 """
 
 
@@ -69,13 +78,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "every thread group runs when it can)")
     parser.add_argument("--overheads", choices=["default", "zero", "calibrate"], default="default",
                         help="the engine's own costs: measured defaults, none, or measured now on this machine")
-    parser.add_argument("--keep-orders", action="store_true",
-                        help="keep, in the suggestion, every order the traced run got only from where its tasks "
-                             "ran (two tasks on one thread run in a fixed order): declared as dependencies. "
-                             "Without it the suggestion may drop them, and says which it drops")
+    parser.add_argument("--drop-order", type=_order, action="append", default=[], metavar="TASK,DEP,intra|inter",
+                        help="an order the traced run got from its placement alone (two tasks on one thread run in "
+                             "a fixed order) that the suggestion need not keep: TASK may run before DEP of the same "
+                             "iteration (intra) or of the one before (inter) ends. Every other such order is kept "
+                             "(repeat for each; the report names those a faster plan drops)")
     parser.add_argument("--keep-order", type=_order, action="append", default=[], metavar="TASK,DEP,intra|inter",
                         help="keep TASK after DEP of the same iteration (intra) or of the one before (inter) in the "
-                             "suggestion, declared as a dependency (repeat for each order that matters)")
+                             "suggestion, declared as a dependency, where the placement did not order them")
+    parser.add_argument("--weight-versions", type=_pair, default=None, metavar="FORWARD,STEP",
+                        help="FORWARD computes on a module's weights that STEP (the optimizer step) updates: show, "
+                             "beside the exact suggestion, the plan that lets FORWARD overlap the steps before it "
+                             "with WeightVersions (weights k steps old, the same in every run), and its speed")
+    parser.add_argument("--keep-orders", action="store_true",
+                        help="keep every order the traced placement gave: the default now (accepted so that older "
+                             "command lines run; it cannot go with --drop-order)")
 
 
 def _order(text: str) -> Order:
@@ -85,6 +102,15 @@ def _order(text: str) -> Order:
         raise argparse.ArgumentTypeError(f"must be TASK,DEP,intra or TASK,DEP,inter (e.g. Forward,OptimizerStep,inter: "
                                          f"Forward(i+1) after OptimizerStep(i)); got {text!r}")
     return parts[0], parts[1], 0 if parts[2] == "intra" else 1
+
+
+def _pair(text: str) -> Tuple[str, str]:
+    """An argparse type: ``FORWARD,STEP``."""
+    parts = [part.strip() for part in text.split(",")]
+    if len(parts) != 2 or not all(parts):
+        raise argparse.ArgumentTypeError(f"must be FORWARD,STEP, the task that computes on the weights and the "
+                                         f"optimizer step that updates them (e.g. Forward,OptimizerStep); got {text!r}")
+    return parts[0], parts[1]
 
 
 def _load_plan(spec: str) -> PipelinePlan:
@@ -167,17 +193,35 @@ def _read_inputs(args: argparse.Namespace) -> _Inputs:
                              f"--plan MODULE:NAME with the plan that ran") from None
         how = ("as declared in the trace" if from_trace else "rebuilt from the trace: every observed wait, and each "
                "thread group's tasks in the order they ran (give --plan MODULE:NAME for the plan's own)")
-    for task, dep, distance in args.keep_order:
-        option = f"--keep-order {task},{dep},{'inter' if distance else 'intra'}"
-        unknown = [name for name in (task, dep) if name not in timeline.tasks]
-        if unknown:
-            raise ValueError(f"{option}: no task {unknown[0]!r} in the trace (its tasks: {', '.join(timeline.tasks)})")
-        if distance == 0 and (task == dep or HappensBefore.of_plan(plan).before(task, dep)):
-            raise ValueError(f"{option}: {task} runs before {dep} in an iteration (the plan's dependencies say so); "
-                             f"an order within one iteration can only follow them (or use inter for {task}(i+1))")
+    _check_orders(args, plan, timeline.tasks)
     engine = args.engine or ("dataflow" if "DataFlow" in timeline.engine else "clocked")
     skip_first = args.skip_first if args.skip_first is not None else min(1, traced_iterations - 1)
     return _Inputs(timeline, plan, how, engine, skip_first, args.iterations or traced_iterations)
+
+
+def _check_orders(args: argparse.Namespace, plan: PipelinePlan, names: Sequence[str]) -> None:
+    """``--keep-order``, ``--drop-order`` and ``--weight-versions`` against the plan (ValueError in their words)."""
+    if args.keep_orders and args.drop_order:
+        raise ValueError(f"--keep-orders keeps every order the traced placement gave (the default now) and "
+                         f"--drop-order {flag(args.drop_order[0])} drops one: leave out --keep-orders")
+    named = [(f"--keep-order {flag(o)}", o[:2]) for o in args.keep_order]
+    named += [(f"--drop-order {flag(o)}", o[:2]) for o in args.drop_order]
+    if args.weight_versions is not None:
+        named.append((f"--weight-versions {','.join(args.weight_versions)}", args.weight_versions))
+    for option, pair in named:
+        unknown = [name for name in pair if name not in names]
+        if unknown:
+            raise ValueError(f"{option}: no task {unknown[0]!r} in the trace (its tasks: {', '.join(names)})")
+    for task, dep, distance in args.keep_order:
+        if distance == 0 and (task == dep or HappensBefore.of_plan(plan).before(task, dep)):
+            raise ValueError(f"--keep-order {flag((task, dep, distance))}: {task} runs before {dep} in an iteration "
+                             f"(the plan's dependencies say so); an order within one iteration can only follow them "
+                             f"(or use inter for {task}(i+1))")
+    intra, inter = with_orders(plan.intra, plan.inter, args.keep_order)
+    keep_placement(plan, plan.task_names, intra, inter, args.drop_order, "--drop-order", flag, "the traced")
+    if args.weight_versions is not None:
+        forward, step = args.weight_versions
+        check_pair(list(names), _pairs(plan, "intra"), forward, step, f"--weight-versions {forward},{step}")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -199,55 +243,53 @@ def _run(args: argparse.Namespace) -> int:
     print("where the time goes:")
     print(traced.format() + "\n")
     max_in_flight = args.max_in_flight or (live if live is not None else plan.depth)
-    placed = placement_orders(plan)
-    keep = [*(placed if args.keep_orders else []), *args.keep_order]
-    search = search_plan(list(plan.tasks), _pairs(plan, "intra"), _pairs(plan, "inter"), costs,
-                         max_in_flight=max_in_flight, thread_groups=args.thread_groups,
-                         streams=_streams(args.streams), engine=engine, baseline=plan,
-                         num_iterations=min(iterations, 200), overheads=overheads, cores=args.cores,
-                         keep_orders=keep or None)
-    suggested = simulate(search.plan, costs, iterations, engine, None if engine == "clocked" else max_in_flight,
-                         overheads=overheads, cores=args.cores)
-    how_found = "exhaustive" if search.exhaustive else "local search"
-    kept = [f"the {len(placed)} order(s) the traced placement gave"] if args.keep_orders and placed else []
-    kept += [order_text(order) for order in args.keep_order]
-    keeping = f", keeping {', '.join(kept)}" if kept else ""
-    print(f"suggestion ({how_found}, {search.simulated} plans simulated, at most {max_in_flight} iterations "
-          f"alive{keeping}):")
+    search_args: Dict[str, Any] = dict(costs=costs, max_in_flight=max_in_flight, thread_groups=args.thread_groups,
+                                       streams=_streams(args.streams), engine=engine,
+                                       num_iterations=min(iterations, 200), overheads=overheads, cores=args.cores,
+                                       keep_orders=args.keep_order or None)
+
+    def predict(suggested: PipelinePlan) -> SimResult:
+        return simulate(suggested, costs, iterations, engine, None if engine == "clocked" else max_in_flight,
+                        overheads=overheads, cores=args.cores)
+
+    _suggest(args, plan, traced, search_args, predict)
+    return 0
+
+
+def _suggest(args: argparse.Namespace, plan: PipelinePlan, traced: SimResult, search_args: Dict[str, Any],
+             predict: Callable[[PipelinePlan], SimResult]) -> None:
+    """Print the suggestion, what it keeps of the orders the traced placement gave, what dropping more would
+    gain, and the staleness trade-off where ``--weight-versions`` asks for it."""
+    intra, inter = _pairs(plan, "intra"), _pairs(plan, "inter")
+    search = search_plan(list(plan.tasks), intra, inter, baseline=plan, drop_orders=_entries(args.drop_order),
+                         **search_args)
+    suggested = predict(search.plan)
+    keeping = f", keeping {', '.join(order_text(o) for o in args.keep_order)}" if args.keep_order else ""
+    print(f"suggestion ({'exhaustive' if search.exhaustive else 'local search'}, {search.simulated} plans simulated, "
+          f"at most {search.max_in_flight} iterations alive{keeping}):")
     if search.kept_baseline:
         print("no plan is predicted faster than the traced one by more than 0.5%: keep it")
     print(format_plan(search.plan) + "\n")
     print(format_comparison(["traced plan", "suggested"], [plan, search.plan], [traced, suggested], speedup_over=0))
-    report = format_dropped(plan, search.plan)
-    if report:
-        print("\n" + report)
-    return 0
+    sections = [format_kept(plan, search)]
+    if search.kept_orders:  # the same search with every order of the placement dropped
+        free = search_plan(list(plan.tasks), intra, inter, baseline=plan,
+                           drop_orders=_entries([*search.dropped_orders, *search.kept_orders]), **search_args)
+        sections.append(format_faster(plan, search, traced.seconds / suggested.seconds, free,
+                                      traced.seconds / predict(free.plan).seconds, args.weight_versions is not None))
+    if args.weight_versions is not None:
+        forward, step = args.weight_versions
+        choice = weight_versions_search(plan, intra, inter, forward, step, search.dropped_orders, **search_args)
+        sections.append(format_tradeoff(plan, traced, search.plan, suggested, choice,
+                                        None if choice.search is None else predict(choice.search.plan)))
+    for section in sections:
+        if section:
+            print("\n" + section)
 
 
-def format_dropped(traced: PipelinePlan, suggested: PipelinePlan) -> str:
-    """Which orders the traced plan got from its placement alone the suggestion drops, and how to keep them
-    ('' where the traced placement gave none)."""
-    placed = placement_orders(traced, minimal=False)
-    if not placed:
-        return ""
-    dropped = orders_dropped(suggested, placed)
-    if not dropped:
-        return f"the suggestion keeps every order the traced run got from its placement alone ({len(placed)})"
-    where = Placement(traced)
-    lines = [f"the traced run got these orders from its placement alone (tasks on one thread or stream run in a "
-             f"fixed order), and the suggestion drops them ({len(dropped)}):"]
-    by_place: Dict[Optional[str], List[Order]] = {}
-    for order in dropped:
-        by_place.setdefault(where.shared(order[0], order[1]), []).append(order)
-    for shared, orders in by_place.items():
-        lines += [f"  - {text}; they ran on {shared}" for text in grouped_text(orders)]
-    task, dep, distance = dropped[0]
-    lines.append(f"where one of two such tasks writes what the other reads or writes (weights, gradients, a "
-                 f"buffer), the suggestion races. To keep them all, run again with --keep-orders; to keep those "
-                 f"that matter, with --keep-order for each (e.g. --keep-order {task},{dep},"
-                 f"{'inter' if distance else 'intra'}), or declare them in the plan "
-                 f"({declaration_text(dropped[0])}; analyze(plan, batch) names them)")
-    return "\n".join(lines)
+def _entries(orders: Sequence[Order]) -> List[Tuple[str, str, str]]:
+    """Orders as ``search_plan``'s entries: ``("Forward", "Step", "inter")``."""
+    return [(task, dep, "inter" if distance else "intra") for task, dep, distance in orders]
 
 
 def _streams(names: Optional[List[str]]) -> Optional[List[Optional[str]]]:

@@ -8,8 +8,10 @@
 * ``autoplan.py`` (``autoplan``, ``search_plan``), with ``plan_space.py`` (the candidate
   plans), ``plan_search.py`` (exhaustive and local search), ``plan_args.py``,
   ``plan_report.py`` and ``kept_orders.py`` (the orders a plan gets from its placement
-  alone, which a suggestion must keep or name);
-* ``trace_read.py`` and ``cli_plan.py``: ``swpipeline plan TRACE.json``.
+  alone, which a suggestion keeps unless the user drops them by name);
+* ``staleness.py``: the plan that lets a forward overlap the optimizer step before it,
+  made exact by ``WeightVersions`` (the staleness trade-off);
+* ``trace_read.py``: the traces ``swpipeline plan TRACE.json`` reads (the command is in ``cli/``).
 
 The public names are exported by the ``swpipeline`` package.
 

@@ -14,6 +14,11 @@ problem of up to 6 tasks on the CPU with ``max_in_flight <= 3``) and a determini
 local search beyond (``plan_search``). The plan it returns is valid for both engines
 (it follows the stage rules); for ``engine="dataflow"`` run it with
 ``DataFlowPipeline(plan, max_depth=max_in_flight)``.
+
+Given a ``baseline``, it keeps every order the baseline's placement gives (``kept_orders``),
+declared as dependencies where the tasks move apart, but those ``drop_orders`` names: a
+plan that works may work only because two tasks share a thread, and nothing can tell which
+of those orders its tasks need (a task may write a Python number no analysis sees).
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from .costs import TaskCosts
 from .overheads import EngineOverheads
 from ..plan.model import InterDependency, PipelinePlan, PipelineTask
 from ..analysis.report import PlanAnalysis
-from .kept_orders import Order, analysis_orders, as_dependencies, coerce_orders, orders_dropped
+from .kept_orders import Order, analysis_orders, as_dependencies, coerce_orders, keep_placement, orders_dropped
+from .plan_args import SearchArgs, check_search_args
 from .plan_search import Scorer, Space, count_candidates, exhaustive, local, starting_points, valid_stages
 from .plan_space import Bounds, Candidate, normalized
 from .search_result import PlanSearch
@@ -34,7 +40,8 @@ from .simulator import simulate
 __all__: List[str] = []
 
 TaskRef = Union[PipelineTask, str]
-KeepOrders = Union[PlanAnalysis, Sequence[Tuple[str, str, Union[str, int]]], None]
+OrderEntry = Tuple[str, str, Union[str, int]]
+KeepOrders = Union[PlanAnalysis, Sequence[OrderEntry], None]
 EXHAUSTIVE_LIMIT = 200_000
 LOCAL_BUDGET = 3000
 
@@ -62,14 +69,18 @@ def autoplan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRef, 
             one stream per thread group (the default stream for ``"default"``); with device times,
             streams are searched, ``None`` first, then ``"s1"``, ``"s2"``, ...
         engine: ``"clocked"`` or ``"dataflow"``.
-        baseline: a plan to compare with (and to start the local search from).
+        baseline: a plan to compare with (and to start the local search from). Every order its
+            placement gives that the dependencies do not (two tasks on one thread group or stream
+            run in a fixed order) is kept in the suggestion, declared as a dependency where the
+            tasks move apart, unless named in ``drop_orders``.
         report: print ``PlanSearch.format_report()``.
         **options: ``num_iterations`` (simulated per candidate, default 60), ``tolerance`` (prefer a
             simpler plan within this share of the best time, default 0.005), ``overheads``,
             ``data_seconds``, ``jitter``, ``globally_ordered`` (task names), ``pinned`` (task -> the
-            thread group it must stay on), ``keep_orders`` (an ``analyze()`` result, or the orders to
-            keep), ``caller_thread_group``, ``cores``, ``exhaustive_limit``, ``budget`` (simulations of
-            the local search): see ``search_plan``.
+            thread group it must stay on), ``drop_orders`` (orders of the baseline's placement that the
+            suggestion need not keep), ``keep_orders`` (more orders to keep), ``caller_thread_group``,
+            ``cores``, ``exhaustive_limit``, ``budget`` (simulations of the local search): see
+            ``search_plan``.
 
     Returns:
         PipelinePlan: the suggested plan.
@@ -93,7 +104,7 @@ def search_plan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRe
                 globally_ordered: Iterable[str] = (), exhaustive_limit: int = EXHAUSTIVE_LIMIT,
                 budget: int = LOCAL_BUDGET, pinned: Optional[Mapping[str, str]] = None,
                 caller_thread_group: Optional[str] = "auto", cores: Optional[int] = None,
-                keep_orders: KeepOrders = None) -> PlanSearch:
+                keep_orders: KeepOrders = None, drop_orders: Sequence[OrderEntry] = ()) -> PlanSearch:
     """``autoplan``, returning the whole ``PlanSearch`` (arguments as for ``autoplan``).
 
     Args:
@@ -112,30 +123,35 @@ def search_plan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRe
             as ``run()`` does; None: every group on a worker.
         cores: at most this many task functions run at once (as for ``simulate``): give it when the
             process has fewer cores than the plan could keep busy, or its tasks hold the GIL.
-        keep_orders: orders the tasks need that the dependencies do not declare, kept in every
-            candidate: an ``analyze(baseline, batch)`` result (its warnings, the orders only the
-            baseline's placement gives, and its missing dependencies), or ``(task, depends_on,
-            "intra" | "inter")`` entries. They are added to the dependencies, so the suggested plan
-            declares them and keeps them on any thread or stream. Without them the search may move
-            two tasks that only their placement ordered apart, and the suggestion races.
+        drop_orders: ``(task, depends_on, "intra" | "inter")`` entries, each an order the baseline's
+            placement gives that the suggestion need not keep: ``("Load", "Step", "inter")`` lets
+            ``Load(i+1)`` run before ``Step(i)`` ends. Every other order of the placement is kept (a
+            trace, or a plan that works, cannot tell which of them its tasks need: a task may write
+            a Python number that no analysis sees). Refused where the entry is not such an order, or
+            where the orders kept still give it (the message names them). Needs a ``baseline``.
+        keep_orders: more orders to keep in every candidate: an ``analyze(baseline, batch)`` result
+            (its warnings and its missing dependencies), or ``(task, depends_on, "intra" | "inter")``
+            entries. They are added to the dependencies, so the suggested plan declares them and
+            keeps them on any thread or stream.
 
     Raises:
         TypeError, ValueError: an invalid argument (named in the message).
     """
-    from .plan_args import check_search_args
-
     orders = _orders_to_keep(tasks, keep_orders)
-    kept_intra, kept_inter = as_dependencies(orders)
-    try:
-        args = check_search_args(tasks, [*intra_iter_deps, *kept_intra], [*inter_iter_deps, *kept_inter], costs,
-                                 max_in_flight, thread_groups, streams, engine, baseline, num_iterations, tolerance,
-                                 overheads, globally_ordered, exhaustive_limit, budget, pinned or {},
-                                 caller_thread_group, cores)
-    except ValueError as exc:
-        if kept_intra and "cycle" in str(exc):  # the dependencies alone form none: an order to keep closes it
-            raise ValueError(f"autoplan: keep_orders cannot be kept: an order within one iteration runs against "
-                             f"the dependencies ({exc})") from None
-        raise
+    drops = _orders_to_drop(drop_orders, baseline)
+
+    def checked(extra: Sequence[Order]) -> SearchArgs:
+        return _checked(extra, tasks, intra_iter_deps, inter_iter_deps, costs, max_in_flight, thread_groups, streams,
+                        engine, baseline, num_iterations, tolerance, overheads, globally_ordered, exhaustive_limit,
+                        budget, pinned or {}, caller_thread_group, cores)
+
+    args, placement = checked(orders), None
+    if baseline is not None:  # the orders of its placement, less those dropped, declared too
+        graph = args.space.graph
+        placement = keep_placement(baseline, graph.names, graph.intra_names(), graph.inter_names(), drops,
+                                   "autoplan: drop_orders", _entry_text)
+        if placement.declared:
+            args = checked([*orders, *(o for o in placement.declared if o not in orders)])
     space = args.space
     thread_costs = [args.costs[name].thread_times(num_iterations, jitter) for name in space.graph.names]
     device_costs = [args.costs[name].device_times(num_iterations, jitter) for name in space.graph.names]
@@ -154,6 +170,7 @@ def search_plan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRe
     kept = best == start
     keeps_all = baseline is not None and not orders_dropped(baseline, orders)
     plan = baseline if kept and baseline is not None and keeps_all else scorer.plan(best)
+    kept_orders = placement.kept if placement else ()
     live = None if engine == "clocked" else max_in_flight
     result = simulate(plan, args.costs, num_iterations, engine, live, jitter=jitter, overheads=args.overheads,
                       data_seconds=data_seconds, caller_thread_group=_caller(plan, caller_thread_group, engine, live),
@@ -167,7 +184,20 @@ def search_plan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRe
                                                                baseline_live),
                                    cores=cores)
     return PlanSearch(plan, result, engine, max_in_flight, is_exhaustive, candidates, len(scorer.cache), baseline,
-                      baseline_result, kept)
+                      baseline_result, kept, kept_orders, drops)
+
+
+def _checked(extra: Sequence[Order], tasks: Sequence[TaskRef], intra: Sequence[Any], inter: Sequence[Any],
+             *rest: Any) -> SearchArgs:
+    """``check_search_args`` with the ``extra`` orders declared (``rest``: its arguments after the dependencies)."""
+    kept_intra, kept_inter = as_dependencies(extra)
+    try:
+        return check_search_args(tasks, [*intra, *kept_intra], [*inter, *kept_inter], *rest)
+    except ValueError as exc:
+        if kept_intra and "cycle" in str(exc):  # the dependencies alone form none: an order to keep closes it
+            raise ValueError(f"autoplan: keep_orders cannot be kept: an order within one iteration runs against the "
+                             f"dependencies ({exc})") from None
+        raise
 
 
 def _caller(plan: PipelinePlan, group: Optional[str], engine: str, live: Optional[int]) -> Optional[str]:
@@ -195,6 +225,23 @@ def _orders_to_keep(tasks: Sequence[TaskRef], keep_orders: KeepOrders) -> List[O
             raise ValueError(f"autoplan: keep_orders names unknown task(s) {unknown} (tasks: {sorted(known)}); "
                              f"pass the analysis of a plan of these tasks")
     return orders
+
+
+def _orders_to_drop(drop_orders: object, baseline: Optional[PipelinePlan]) -> Tuple[Order, ...]:
+    """``drop_orders`` as orders (TypeError/ValueError in ``autoplan``'s words; the rest in ``keep_placement``)."""
+    if isinstance(drop_orders, (str, bytes)) or not isinstance(drop_orders, (list, tuple)):
+        raise TypeError(f"autoplan: drop_orders must be a list of (task, depends_on, 'intra' or 'inter') entries, "
+                        f"got {type(drop_orders).__name__}")
+    drops = coerce_orders(drop_orders, "autoplan: drop_orders")
+    if drops and baseline is None:
+        raise ValueError(f"autoplan: drop_orders {[_entry_text(o) for o in drops]} needs a baseline: it names "
+                         f"orders of the baseline's placement that the suggestion need not keep; pass baseline=")
+    return tuple(drops)
+
+
+def _entry_text(order: Order) -> str:
+    """An order as ``drop_orders`` takes it: ``('Forward', 'Step', 'inter')``."""
+    return repr((order[0], order[1], "inter" if order[2] else "intra"))
 
 
 def _encode(space: Space, plan: PipelinePlan) -> Optional[Candidate]:

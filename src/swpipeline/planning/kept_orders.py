@@ -19,7 +19,10 @@ distance 0 or 1 (longer distances follow from a chain of consecutive ones).
 * ``orders_dropped(plan, orders)``: those a plan keeps neither by its dependencies nor by its
   placement (nor by a chain of both).
 * ``as_dependencies(orders)``: the orders as (intra, inter) dependency pairs, which keep them on
-  any placement: how ``search_plan(keep_orders=...)`` keeps them.
+  any placement: how ``search_plan`` keeps them.
+* ``keep_placement(baseline, names, intra, inter, drop)``: what a search keeps of a baseline's
+  placement: every order it gives that the search's dependencies do not, less the ones the user
+  names in ``drop`` (refused where they are not such orders, or where the orders kept still give one).
 
 A minimal list (enough to keep them all) leaves out the orders that the dependencies and the other
 listed orders imply.
@@ -27,7 +30,8 @@ listed orders imply.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple, Union
 
 from ..analysis.races import HappensBefore, InterDeps, Placement
 from ..plan.model import Back, PipelinePlan
@@ -80,7 +84,7 @@ def coerce_orders(entries: Sequence[Any], where: str) -> List[Order]:
 def orders_dropped(plan: PipelinePlan, orders: Sequence[Order]) -> List[Order]:
     """The ``orders`` that ``plan`` keeps neither by its dependencies nor by its placement (nor by a chain of
     both), in the given order."""
-    intra, inter = _with_orders(plan.intra, plan.inter, _placed(plan))
+    intra, inter = with_orders(plan.intra, plan.inter, _placed(plan))
     relation = HappensBefore(plan.task_names, intra, inter)
     return [o for o in orders if o[0] in intra and o[1] in intra and not relation.before(o[1], o[0], o[2])]
 
@@ -89,6 +93,92 @@ def as_dependencies(orders: Sequence[Order]) -> Tuple[List[Pair], List[Pair]]:
     """The orders as ``(intra_iter_deps, inter_iter_deps)`` pairs."""
     return ([(t, d) for t, d, distance in orders if distance == 0],
             [(t, d) for t, d, distance in orders if distance == 1])
+
+
+@dataclass(frozen=True)
+class KeptPlacement:
+    """What a search keeps of its baseline's placement.
+
+    Attributes:
+        kept: every order the placement gives that the dependencies do not, less those dropped.
+        declared: a minimal list of them (the rest follow), to declare as dependencies.
+        dropped: the orders dropped, as the user named them.
+    """
+
+    kept: Tuple[Order, ...]
+    declared: Tuple[Order, ...]
+    dropped: Tuple[Order, ...]
+
+
+def keep_placement(baseline: PipelinePlan, names: Sequence[str], intra: Mapping[str, Sequence[str]],
+                   inter: InterDeps, drop: Sequence[Order], where: str, spell: Callable[[Order], str],
+                   whose: str = "the baseline's") -> KeptPlacement:
+    """Every order ``baseline``'s placement gives that the dependencies ``intra``/``inter`` do not, less ``drop``.
+
+    ``spell`` writes an order as the user gives one; ``where`` starts the messages, ``whose`` names the
+    placement in them.
+
+    Raises:
+        ValueError: an order in ``drop`` that the placement does not give (the dependencies give it, or
+            nothing orders the two), or one that the orders kept still give (naming them).
+    """
+    relation = HappensBefore(names, intra, inter)
+    placed = [o for o in _placed(baseline) if not relation.before(o[1], o[0], o[2])]
+    for order in drop:
+        if order not in placed:
+            task, dep, distance = order
+            given = "the dependencies give it" if relation.before(dep, task, distance) else \
+                f"the dependencies run {task} first" if distance == 0 and relation.before(task, dep) else \
+                "its placement did not run them in that order"
+            listed = "; ".join(spell(o) for o in placed) or "none"
+            raise ValueError(f"{where} {spell(order)}: {order_text(order)} is not an order {whose} placement "
+                             f"alone gave ({given}); those it gave: {listed}")
+    kept = [o for o in placed if o not in drop]
+    for order in drop:
+        chain = orders_to_drop_too(names, intra, inter, kept, order)
+        if chain:
+            raise ValueError(f"{where} {spell(order)}: {order_text(order)} still follows from other orders kept "
+                             f"({', '.join(order_text(o) for o in chain)}); drop those too where nothing needs them: "
+                             f"{'; '.join(spell(o) for o in chain)}")
+    return KeptPlacement(tuple(kept), tuple(_minimal(names, intra, inter, kept)), tuple(drop))
+
+
+def orders_on_chain(names: Sequence[str], intra: Mapping[str, Sequence[str]], inter: InterDeps,
+                    orders: Sequence[Order], target: Order) -> List[Order]:
+    """The ``orders`` on some chain (with the dependencies) that runs ``target``'s task after its dependency
+    ([] where none does)."""
+    relation = HappensBefore(names, *with_orders(intra, inter, orders))
+    task, dep, distance = target
+    if not relation.before(dep, task, distance):
+        return []
+
+    def reaches(first: str, second: str, back: int) -> bool:  # first(i - back) is second(i) or before it
+        return (back == 0 and first == second) or relation.before(first, second, back)
+
+    return [o for o in orders if any(reaches(dep, o[1], a) and reaches(o[0], task, distance - o[2] - a)
+                                     for a in range(distance - o[2] + 1))]
+
+
+def orders_to_drop_too(names: Sequence[str], intra: Mapping[str, Sequence[str]], inter: InterDeps,
+                       orders: Sequence[Order], target: Order) -> List[Order]:
+    """Few of ``orders`` (none needless) without which the dependencies and the other orders no longer run
+    ``target``'s task after its dependency, orders across iterations first ([] where nothing runs it so)."""
+    chain = orders_on_chain(names, intra, inter, orders, target)
+    task, dep, distance = target
+
+    def gives(without: Sequence[Order]) -> bool:
+        relation = HappensBefore(names, *with_orders(intra, inter, [o for o in orders if o not in without]))
+        return relation.before(dep, task, distance)
+
+    cut: List[Order] = []
+    for order in sorted(chain, key=lambda o: -o[2]):  # stable: across iterations first, then in the given order
+        if not gives(cut):
+            break
+        cut.append(order)
+    for order in reversed(list(cut)):
+        if not gives([o for o in cut if o != order]):
+            cut.remove(order)
+    return cut
 
 
 def order_text(order: Order) -> str:
@@ -105,12 +195,6 @@ def grouped_text(orders: Sequence[Order]) -> List[str]:
     return [f"after {dep}(i): {', '.join(tasks)}" for (dep, _), tasks in groups.items()]
 
 
-def declaration_text(order: Order) -> str:
-    """``("Forward", "OptimizerStep") in inter_iter_deps``."""
-    task, dep, distance = order
-    return f'("{task}", "{dep}") in {"inter_iter_deps" if distance else "intra_iter_deps"}'
-
-
 def _placed(plan: PipelinePlan) -> List[Order]:
     """Every order of two different tasks that the placement gives, distance 0 and 1."""
     placement = Placement(plan)
@@ -119,8 +203,9 @@ def _placed(plan: PipelinePlan) -> List[Order]:
             if task != dep and placement.before(dep, task, distance)]
 
 
-def _with_orders(intra: Mapping[str, Sequence[str]], inter: InterDeps,
-                 orders: Sequence[Order]) -> Tuple[Dict[str, List[str]], Dict[str, List[Union[str, Back]]]]:
+def with_orders(intra: Mapping[str, Sequence[str]], inter: InterDeps,
+                orders: Sequence[Order]) -> Tuple[Dict[str, List[str]], Dict[str, List[Union[str, Back]]]]:
+    """The dependencies with ``orders`` added (as intra- and inter-iteration dependencies)."""
     merged_intra = {task: list(deps) for task, deps in intra.items()}
     merged_inter: Dict[str, List[Union[str, Back]]] = {task: list(deps) for task, deps in inter.items()}
     for task, dep, distance in orders:
@@ -137,7 +222,7 @@ def _minimal(names: Sequence[str], intra: Mapping[str, Sequence[str]], inter: In
     kept = list(orders)
     for order in orders:
         others = [o for o in kept if o != order]
-        relation = HappensBefore(names, *_with_orders(intra, inter, others))
+        relation = HappensBefore(names, *with_orders(intra, inter, others))
         if relation.before(order[1], order[0], order[2]):
             kept = others
     return kept

@@ -49,6 +49,20 @@ class TaskGraph:
     def n(self) -> int:
         return len(self.names)
 
+    def intra_names(self) -> Dict[str, List[str]]:
+        """Task -> the tasks it depends on in its iteration, by name."""
+        found: Dict[str, List[str]] = {name: [] for name in self.names}
+        for task, dep in self.intra:
+            found[self.names[task]].append(self.names[dep])
+        return found
+
+    def inter_names(self) -> Dict[str, List[Tuple[str, int]]]:
+        """Task -> ``(depends_on, d)``: it depends on that task at iteration ``i - d``, by name."""
+        found: Dict[str, List[Tuple[str, int]]] = {name: [] for name in self.names}
+        for task, dep, back in self.inter:
+            found[self.names[task]].append((self.names[dep], back))
+        return found
+
     def topological(self) -> List[int]:
         """The tasks in an order where every intra-iteration dependency comes first (ties: declaration order)."""
         deps: Dict[int, List[int]] = {t: [] for t in range(self.n)}

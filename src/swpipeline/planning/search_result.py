@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from ..plan.model import PipelinePlan
+from .kept_orders import Order, grouped_text
 from .plan_report import format_comparison, format_plan
 from .sim_result import SimResult
 
@@ -27,6 +28,10 @@ class PlanSearch:
         kept_baseline: no plan was predicted faster than the baseline by more than ``tolerance``,
             so ``plan`` is the baseline itself (or, where it does not keep every order of
             ``keep_orders``, its placement with those orders declared).
+        kept_orders: the orders of the baseline's placement that the suggestion keeps, as
+            ``(task, depends_on, distance)`` (``task(i)`` after ``depends_on(i - distance)``): every
+            one the dependencies (with ``keep_orders``) do not give, less ``dropped_orders``.
+        dropped_orders: the orders of the baseline's placement dropped as asked (``drop_orders``).
     """
 
     plan: PipelinePlan
@@ -39,6 +44,8 @@ class PlanSearch:
     baseline: Optional[PipelinePlan] = None
     baseline_result: Optional[SimResult] = None
     kept_baseline: bool = False
+    kept_orders: Tuple[Order, ...] = ()
+    dropped_orders: Tuple[Order, ...] = ()
 
     @property
     def speedup(self) -> Optional[float]:
@@ -60,6 +67,11 @@ class PlanSearch:
             lines.append(format_comparison(["suggested"], [self.plan], [self.result]))
         if self.kept_baseline:
             lines += ["", "no plan is predicted faster than the baseline by more than the tolerance: keep it"]
+        given = len(self.kept_orders) + len(self.dropped_orders)
+        if self.baseline is not None and given:
+            lines += ["", f"orders of the baseline's placement kept: {len(self.kept_orders)} of {given}" +
+                      (f", {len(self.dropped_orders)} dropped as asked:" if self.dropped_orders else "")]
+            lines += [f"  - {text}" for text in grouped_text(self.dropped_orders)]
         lines += ["", "suggested plan:", format_plan(self.plan), "", self.result.format()]
         return "\n".join(lines)
 
