@@ -145,7 +145,7 @@ def summary(outcomes: Sequence[Outcome], gpu: str, torch_version: str) -> str:
 
 
 def readme_section(outcomes: Sequence[Outcome], gpu: str, torch_version: str) -> str:
-    """The README's GPU figures, as this run measured them."""
+    """The GPU figures for docs/gpu.md's marked block, as this run measured them."""
     head = (f"**Measured on an {gpu}** (torch {torch_version}, Python {platform.python_version()}, "
             f"{datetime.date.today().isoformat()}; `python benchmarks/gpu_check.py`, which runs every check "
             f"below in one command):")
