@@ -16,10 +16,10 @@ to fix something and run it again):
    checked against its reference, with their step times.
 
 It writes DIR/gpu_check.log (every step's whole output), DIR/summary.md (the table
-it prints at the end) and DIR/readme_section.md, the README's GPU figures as
-measured. Back on a machine with the checkout, ``python benchmarks/gpu_check.py
---update-readme DIR/readme_section.md`` puts that section into README.md, between
-its ``gpu-check`` markers.
+it prints at the end) and DIR/readme_section.md, the GPU figures as measured. Back on
+a machine with the checkout, ``python benchmarks/gpu_check.py --update-readme
+DIR/readme_section.md`` puts that section into docs/gpu.md, between its ``gpu-check``
+markers.
 
 On a machine whose torch is older than the package asks for (a GPU image with its own
 torch), the package is imported from ``src/`` (PYTHONPATH), as the tests are.
@@ -41,6 +41,7 @@ from typing import Callable, List, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- gpu-check: begin -->", "<!-- gpu-check: end -->"
+GPU_PAGE = ROOT / "docs" / "gpu.md"  # the page whose marked block holds the latest GPU figures
 
 
 @dataclass
@@ -144,7 +145,7 @@ def summary(outcomes: Sequence[Outcome], gpu: str, torch_version: str) -> str:
 
 
 def readme_section(outcomes: Sequence[Outcome], gpu: str, torch_version: str) -> str:
-    """The README's GPU figures, as this run measured them."""
+    """The GPU figures for docs/gpu.md's marked block, as this run measured them."""
     head = (f"**Measured on an {gpu}** (torch {torch_version}, Python {platform.python_version()}, "
             f"{datetime.date.today().isoformat()}; `python benchmarks/gpu_check.py`, which runs every check "
             f"below in one command):")
@@ -162,8 +163,8 @@ def readme_section(outcomes: Sequence[Outcome], gpu: str, torch_version: str) ->
     return "\n".join([head, "", *rows]) + table + "\n"
 
 
-def update_readme(section_file: Path, readme: Path = ROOT / "README.md") -> None:
-    """Put ``section_file``'s text between the README's gpu-check markers."""
+def update_readme(section_file: Path, readme: Path = GPU_PAGE) -> None:
+    """Put ``section_file``'s text between the gpu-check markers of ``readme`` (docs/gpu.md)."""
     text = readme.read_text(encoding="utf-8")
     if BEGIN not in text or END not in text or text.index(BEGIN) > text.index(END):
         raise SystemExit(f"gpu_check: {readme} has no {BEGIN} ... {END} block to replace")
@@ -178,11 +179,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT") or "out/gpu_check", help="where the logs go")
     parser.add_argument("--budget-s", type=float, default=450.0, help="stop starting steps after this many seconds")
     parser.add_argument("--update-readme", metavar="SECTION_MD", default=None,
-                        help="put a readme_section.md from a GPU run into README.md, and do nothing else")
+                        help="put a readme_section.md from a GPU run into docs/gpu.md, and do nothing else")
     args = parser.parse_args(argv)
     if args.update_readme is not None:
         update_readme(Path(args.update_readme))
-        print(f"README.md: the GPU section now holds {args.update_readme}")
+        print(f"{GPU_PAGE.relative_to(ROOT)}: the GPU section now holds {args.update_readme}")
         return 0
     import torch
 

@@ -6,9 +6,9 @@ Stage 0 prepares a batch on its own thread, stage 1 copies it to the device on a
 stream, stage 2 trains. The same plan runs serially (the baseline) and pipelined, from
 the same initial weights on the same batches, and both runs' losses must be bitwise equal.
 
-Preparing a batch here waits 3 ms, as reading it from disk or the network would, so that
-the pipelined run has something to hide: it prepares batch i+2 while batch i trains.
-(With tasks of a few microseconds, as in the README's example, there is nothing to
+It is the README's example as a script. Preparing a batch waits 3 ms, as reading it from
+disk or the network would, so that the pipelined run has something to hide: it prepares
+batch i+2 while batch i trains. (With tasks of a few microseconds there is nothing to
 overlap, and the pipeline's own hand-offs make the pipelined run slightly slower than
 the plain loop; it breaks even at about 10 microseconds per task.)
 """

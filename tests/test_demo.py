@@ -52,21 +52,45 @@ def test_demo_command_prints_plan_results_and_equal_losses(capsys: pytest.Captur
     assert swp_threads() == []
 
 
-def test_demo_schedule_lists_the_stages_in_the_order_a_batch_goes_through_them(
-        capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_schedule_is_print_schedules_table_oldest_iteration_first(capsys: pytest.CaptureFixture[str]) -> None:
+    # One order everywhere: the demo prints what pipe.print_schedule(5) prints, the last stage's rows (the oldest
+    # iteration's work) first, as each period submits them.
     assert main(TINY_ARGS) == 0
     lines = capsys.readouterr().out.splitlines()
-    start = lines.index("the plan, period by period (a row per task, in the order a batch goes through them; iN: "
-                        "iteration N runs the task in that period):")
+    start = lines.index("the plan, period by period (pipe.print_schedule(5): a row per task, the last stage first, "
+                        "as each period runs them; iN: iteration N runs the task in that period):")
     assert lines[start + 1:start + 8] == [
         "#  Task              Thread  Stream       | P0    P1    P2    P3    P4",
         "-- ----------------- ------- ------------ + ----- ----- ----- ----- -----",
-        "0  PrepareBatch      prep    prep         | i0    i1    i2    i3    i4",
-        "1  CopyToDevice      copy    copy         | --    i0    i1    i2    i3",
-        "2  Forward           default default      | --    --    i0    i1    i2",
-        "3  Backward          default default      | --    --    i0    i1    i2",
-        "4  OptimizerStep     default default      | --    --    i0    i1    i2",
+        "0  Forward           default default      | --    --    i0    i1    i2",
+        "1  Backward          default default      | --    --    i0    i1    i2",
+        "2  OptimizerStep     default default      | --    --    i0    i1    i2",
+        "3  CopyToDevice      copy    copy         | --    i0    i1    i2    i3",
+        "4  PrepareBatch      prep    prep         | i0    i1    i2    i3    i4",
     ]
+    assert "\n".join(lines[start + 1:start + 8]) == demo.TrainingJob(TINY, CPUDevice()).pipe.format_schedule(5)
+
+
+def test_demo_prints_what_its_speedup_is_measured_against(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(TINY_ARGS) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = lines.index("mode        time (s)   ms/iter  speedup")
+    serial, pipelined = (float(lines[table + k].split()[1]) for k in (2, 3))
+    assert lines[table + 4] == (
+        f"speedup = serial {serial:.3f} s / pipelined {pipelined:.3f} s: both runs train the same 5 batches from "
+        f"the same initial weights on this machine, one after the other")
+
+
+def test_speedup_line_and_busy_note_name_the_serial_run_they_compare_with() -> None:
+    serial = demo.RunResult("serial", 4.431, torch.zeros(1), {}, 5.8)
+    pipelined = demo.RunResult("pipelined", 3.797, torch.zeros(1), {}, 4.3)
+    assert demo.format_speedup_basis(serial, pipelined, 200) == (
+        "speedup = serial 4.431 s / pipelined 3.797 s: both runs train the same 200 batches from the same initial "
+        "weights on this machine, one after the other")
+    assert demo.format_interference([serial, pipelined]) == (
+        "note: other processes used 5.8 CPU-s during the serial run and 4.3 CPU-s during the pipelined run:\n"
+        "      the machine was busy, so the speedup (1.17x) says little about pipelining: each run lost a different "
+        "share of the cores; run again when it is idle")
 
 
 def test_demo_writes_the_trace_and_pictures_and_prints_the_stats(tmp_path: Path,
@@ -237,3 +261,32 @@ def test_thread_split_shows_how_much_the_threads_slowed_each_other_down() -> Non
         "the threads slow each other down (shared cores and memory, and the GIL for the Python parts of their tasks)\n"
         "speedup if the pipelined run took only its busiest thread's time = serial / largest = 1.25x "
         "(measured: 1.20x)")
+
+
+# The test stack and the optional integrations: none of them is in the demo's light install (torch and matplotlib).
+NOT_IN_THE_LIGHT_INSTALL = ("pytest", "hypothesis", "mypy", "ruff", "mkdocs", "mkdocstrings", "torchgpipe",
+                            "torchdata", "torchrec", "fbgemm_gpu", "tensordict", "torchmetrics", "pyre_extensions")
+
+BLOCKED_RUN = '''import sys
+for name in {blocked!r}:
+    sys.modules[name] = None  # import name raises ImportError
+from swpipeline.cli import main
+code = main({args!r})
+print("imported:", sorted(n for n in {blocked!r} if sys.modules.get(n) is not None))
+sys.exit(code)
+'''
+
+
+def test_the_demo_runs_with_only_the_light_install(tmp_path: Path) -> None:
+    # `pip install torch==... -e ".[plot]"` is all `swpipeline demo` needs: nothing of the test stack is imported.
+    import subprocess
+    import sys
+
+    script = BLOCKED_RUN.format(blocked=NOT_IN_THE_LIGHT_INSTALL, args=[*TINY_ARGS, "--trace", "out/t.json"])
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "PYTHONPATH": src})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "losses equal: yes (all 5 iterations bitwise equal" in proc.stdout
+    assert proc.stdout.rstrip().endswith("imported: []")
+    assert (tmp_path / "out" / "t.json").stat().st_size > 0

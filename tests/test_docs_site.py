@@ -45,6 +45,8 @@ REFERENCE_PAGES: Dict[str, List[str]] = {
 SUBPACKAGES = ("torchrec", "gpipe", "embcache")
 GUIDES = ("design", "observability", "torchrec", "is_my_plan_right", "choosing_a_plan", "staleness", "gpipe",
           "embcache")
+# The newcomer's pages, which hold what the README had before it was cut short; the home page links each.
+GETTING_STARTED = ("install", "demo", "first_plan", "tour", "failures", "gpu", "measured")
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +111,9 @@ def test_every_reference_concept_has_a_page(site: Path) -> None:
         assert f'href="reference/{name}/"' in home, f"the home page does not link to reference/{name}/"
     for guide in GUIDES:
         _page(site, guide)
+    for page in GETTING_STARTED:
+        _page(site, page)
+        assert f'href="{page}/"' in home, f"the home page does not link to {page}/"
 
 
 def test_every_public_name_is_in_the_reference(site: Path) -> None:
@@ -128,6 +133,14 @@ def test_written_pages_stand_alone() -> None:
         text = page.read_text(encoding="utf-8")
         for word in ("seed", "corollar", "api reference document", "shared/"):
             assert word not in text.lower(), f"{page.relative_to(ROOT)} mentions {word!r}"
+
+
+def test_getting_started_pages_stand_alone() -> None:
+    # They speak to a newcomer: the rules themselves, not where they were written down first.
+    for name in GETTING_STARTED:
+        text = (ROOT / "docs" / f"{name}.md").read_text(encoding="utf-8").lower()
+        for word in ("seeds/", "seed file", "corollar", "the api reference", "shared/"):
+            assert word not in text, f"docs/{name}.md mentions {word!r}"
 
 
 def _internal_modules() -> Set[str]:

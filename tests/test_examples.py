@@ -119,11 +119,56 @@ def readme_example() -> str:
     return match.group(1)
 
 
+# What the README's example prints, but for its times: the schedule (the last stage first, as each period runs
+# them), the bitwise comparison, and a speedup line of this shape.
+README_SCHEDULE = [
+    "#  Task              Thread  Stream       | P0    P1    P2    P3",
+    "-- ----------------- ------- ------------ + ----- ----- ----- -----",
+    "0  forward           default default      | --    --    i0    i1",
+    "1  backward          default default      | --    --    i0    i1",
+    "2  step              default default      | --    --    i0    i1",
+    "3  copy              default copy         | --    i0    i1    i2",
+    "4  prepare           prep    prep         | i0    i1    i2    i3",
+]
+README_EQUAL = "pipelined == serial: True (40 losses, compared bitwise)"
+README_SPEEDUP = re.compile(r"serial (\d+\.\d\d) s, pipelined (\d+\.\d\d) s: (\d+\.\d\d)x")
+
+
+def readme_printed() -> List[str]:
+    """The lines the README shows under its example ("It prints ...")."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("\n## Example\n"):]
+    match = re.search(r"^It prints.*?\n\n```\n(.*?)^```", section, re.DOTALL | re.MULTILINE)
+    assert match is not None, 'README.md shows no output under its example ("It prints ...")'
+    return match.group(1).splitlines()
+
+
 def test_readme_example_runs_as_printed(tmp_path: Path) -> None:
     script = tmp_path / "readme_example.py"
     script.write_text(readme_example())
     result = _run([sys.executable, str(script)], tmp_path, TIMEOUT_S)
-    _check(result, "#  Task")  # pipe.print_schedule(5) printed the schedule, and the run ended without an error
+    _check(result, README_EQUAL)
+    lines = result.stdout.splitlines()
+    assert lines[:-1] == [*README_SCHEDULE, README_EQUAL], result.stdout
+    match = README_SPEEDUP.fullmatch(lines[-1])
+    assert match is not None, lines[-1]
+    serial, pipelined, speedup = (float(g) for g in match.groups())
+    assert speedup > 0 and serial > 0 and pipelined > 0  # the times themselves are the machine's, never asserted
+
+
+def test_the_readme_shows_what_its_example_prints() -> None:
+    shown = readme_printed()
+    assert shown[:-1] == [*README_SCHEDULE, README_EQUAL]
+    match = README_SPEEDUP.fullmatch(shown[-1])
+    assert match is not None, shown[-1]
+    serial, pipelined, speedup = (float(g) for g in match.groups())
+    assert abs(serial / pipelined - speedup) < 0.1  # the shown figures are one run's, rounded to 0.01
+
+
+def test_first_plan_page_shows_the_readme_example() -> None:
+    page = (ROOT / "docs" / "first_plan.md").read_text()
+    assert f"```python\n{readme_example()}```" in page
+    assert "\n".join(readme_printed()) in page
 
 
 # torch built for CUDA on a machine without a driver: torch names "cuda" as the accelerator, yet none is available.

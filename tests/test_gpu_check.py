@@ -67,9 +67,21 @@ def test_update_readme_replaces_only_the_marked_block(tmp_path: Path) -> None:
         gpu_check.update_readme(section, readme)
 
 
-def test_the_projects_readme_has_the_block() -> None:
-    text = (ROOT / "README.md").read_text()
+def test_the_gpu_page_has_the_block_and_is_where_update_readme_writes(tmp_path: Path) -> None:
+    # The GPU figures live on docs/gpu.md (the README keeps one row of them and links there).
+    page = ROOT / "docs" / "gpu.md"
+    assert gpu_check.GPU_PAGE == page
+    text = page.read_text()
     assert text.count(gpu_check.BEGIN) == 1 and text.index(gpu_check.BEGIN) < text.index(gpu_check.END)
+    assert "**Measured on an NVIDIA H200**" in text[text.index(gpu_check.BEGIN):text.index(gpu_check.END)]
+    assert gpu_check.BEGIN not in (ROOT / "README.md").read_text()
+    section = tmp_path / "readme_section.md"
+    section.write_text("**Measured on an X**\n")
+    copy = tmp_path / "gpu.md"
+    copy.write_text(text)
+    gpu_check.update_readme(section, copy)  # the default target is GPU_PAGE
+    assert "**Measured on an X**" in copy.read_text() and "NVIDIA H200" not in copy.read_text().split(
+        gpu_check.BEGIN)[1].split(gpu_check.END)[0]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU it would run every check")

@@ -106,7 +106,12 @@ class SWPipeline(_PipelineBase):
     # -- inspection ---------------------------------------------------------------------------
 
     def format_schedule(self, num_periods: int) -> str:
-        """The period x task table as a string (rows stage-descending, topological within a stage)."""
+        """The period x task table as a string: a row per task, in the order each period submits them.
+
+        That is the last stage first (a period runs its oldest iteration's work first), then dependency order
+        within a stage. Columns: thread group, stream, and per period the iteration the task works on (``--``
+        before its first; ``.`` for a shortcut task, whose results are replayed).
+        """
         return format_period_table(self._schedule_rows(num_periods), num_periods)
 
     def _schedule_rows(self, num_periods: int) -> List[ScheduleRow]:
@@ -120,7 +125,7 @@ class SWPipeline(_PipelineBase):
         return rows
 
     def print_schedule(self, num_periods: int) -> None:
-        """Print ``format_schedule(num_periods)``."""
+        """Print ``format_schedule(num_periods)``: a row per task, the last stage first, as each period runs them."""
         print(self.format_schedule(num_periods))
 
     def save_schedule_chart(self, path: PathLike, num_periods: int) -> None:

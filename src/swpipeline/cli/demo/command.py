@@ -17,13 +17,12 @@ import torch
 
 from ..args import int_at_least
 from ...devices.device import Device, machine_accelerator, resolve_device
-from ...observe.tables import format_period_table
 from .config import DemoConfig
 from .data import make_raw_batch, raw_batch_bytes
 from .job import TrainingJob
 from .outputs import DemoOutputs, check_output_path, write_outputs
-from .report import (SCHEDULE_PERIODS, format_interference, format_loss_check, format_results,
-                     format_thread_split, schedule_rows)
+from .report import (SCHEDULE_HEADING, SCHEDULE_PERIODS, format_interference, format_loss_check, format_results,
+                     format_speedup_basis, format_thread_split)
 from .runs import timed_run
 
 __all__: List[str] = []
@@ -121,9 +120,8 @@ def run_demo(cfg: DemoConfig, device: Device, outputs: Optional[DemoOutputs] = N
     print(f"torch.set_num_threads(1): every torch op runs on one core, so the prep thread and the "
           f"training thread can run side by side ({os.cpu_count()} CPU cores here)\n")
     shown = TrainingJob(cfg, device)
-    print("the plan, period by period (a row per task, in the order a batch goes through them; iN: iteration N "
-          "runs the task in that period):")
-    print(format_period_table(schedule_rows(shown.pipe, SCHEDULE_PERIODS), SCHEDULE_PERIODS))
+    print(SCHEDULE_HEADING)
+    shown.pipe.print_schedule(SCHEDULE_PERIODS)
     batches = [make_raw_batch(cfg, index) for index in range(cfg.iters)]
     megabytes = sum(raw_batch_bytes(batch) for batch in batches) / 2**20
     print(f"\nclick log generated up front ({cfg.iters} batches, {megabytes:.0f} MiB), so no timing includes it")
@@ -132,6 +130,7 @@ def run_demo(cfg: DemoConfig, device: Device, outputs: Optional[DemoOutputs] = N
     serial = timed_run(cfg, device, batches, pipelined=False)
     pipelined = timed_run(cfg, device, batches, pipelined=True)
     print(format_results(serial, pipelined, cfg.iters))
+    print(format_speedup_basis(serial, pipelined, cfg.iters))
     warning = format_interference([serial, pipelined])
     if warning is not None:
         print(warning)

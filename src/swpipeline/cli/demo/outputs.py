@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from ...observe.charts import save_period_table
 from ...engine.clocked import SWPipeline
 from ...observe.timeline import Timeline
-from .report import SCHEDULE_PERIODS, schedule_rows
+from .report import SCHEDULE_PERIODS
 
 __all__: List[str] = []
 
@@ -136,6 +135,5 @@ def _write_output(option: str, path: str, outputs: DemoOutputs, timeline: Timeli
                             title=f"swpipeline demo, pipelined: iterations 0-{last} of {timeline.num_iterations} "
                                   f"on {timeline.device}")
         return f"timeline chart: {path}"
-    save_period_table(schedule_rows(pipe, SCHEDULE_PERIODS), path,
-                      title=f"swpipeline demo: schedule of depth {pipe.depth}, {SCHEDULE_PERIODS} periods")
+    pipe.save_schedule_chart(path, SCHEDULE_PERIODS)  # the rows of pipe.print_schedule, in its order
     return f"schedule picture: {path}"

@@ -1,5 +1,6 @@
-"""The demo's printed report, in the order it is printed: the period schedule, the results table, where
-each thread's time went (and the busy-machine note), the loss check. Text only: nothing here runs or writes."""
+"""The demo's printed report, in the order it is printed: the period schedule's heading, the results table and
+what its speedup divides (and the busy-machine note), where each thread's time went, the loss check. Text only:
+nothing here runs or writes."""
 
 from __future__ import annotations
 
@@ -7,29 +8,15 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ...engine.clocked import SWPipeline
 from ...plan.model import PipelinePlan
-from ...observe.tables import ScheduleRow
 from .runs import RunResult
 
 __all__: List[str] = []
 
 
 SCHEDULE_PERIODS = 5  # the fill (stages 0 and 1 alone), then every stage at work
-
-
-def schedule_rows(pipe: SWPipeline, num_periods: int) -> List[ScheduleRow]:
-    """The period schedule's rows in the order a batch goes through them: by stage, then as each period submits
-    them (``print_schedule`` lists the oldest iteration's work first, so the last stage comes first)."""
-    plan = pipe.plan
-    position = {name: k for k, name in enumerate(pipe.enqueue_order)}
-    rows: List[ScheduleRow] = []
-    for name in sorted(plan.task_names, key=lambda n: (plan.stage(n), position[n])):
-        schedule, stage = plan.schedules[name], plan.stage(name)
-        cells = [f"i{p - stage}" if p >= stage else "--" for p in range(num_periods)]
-        rows.append((name, schedule.thread_group, "default" if schedule.stream is None else str(schedule.stream),
-                     cells))
-    return rows
+SCHEDULE_HEADING = (f"the plan, period by period (pipe.print_schedule({SCHEDULE_PERIODS}): a row per task, the last "
+                    f"stage first, as each period runs them; iN: iteration N runs the task in that period):")
 
 
 def format_results(serial: RunResult, pipelined: RunResult, iters: int) -> str:
@@ -41,6 +28,12 @@ def format_results(serial: RunResult, pipelined: RunResult, iters: int) -> str:
         lines.append(f"{result.mode:<10} {result.seconds:>9.3f} {result.seconds / iters * 1e3:>9.3f} "
                      f"{speedup:>7.2f}x")
     return "\n".join(lines)
+
+
+def format_speedup_basis(serial: RunResult, pipelined: RunResult, iters: int) -> str:
+    """The line under the results table: the two timings the speedup divides, and why they compare."""
+    return (f"speedup = serial {serial.seconds:.3f} s / pipelined {pipelined.seconds:.3f} s: both runs train the "
+            f"same {iters} batches from the same initial weights on this machine, one after the other")
 
 
 def _per_group(plan: PipelinePlan, result: RunResult) -> Dict[str, float]:
@@ -79,13 +72,17 @@ def format_thread_split(plan: PipelinePlan, serial: RunResult, pipelined: Option
 
 
 def format_interference(results: Sequence[RunResult]) -> Optional[str]:
-    """A warning when other processes took more than 10% of a core during a timed run, else None."""
+    """A note when other processes took more than 10% of a core during a timed run, else None."""
     busy = [r for r in results if r.others_cpu_seconds is not None and r.others_cpu_seconds > 0.1 * r.seconds]
     if not busy:
         return None
     parts = " and ".join(f"{r.others_cpu_seconds:.1f} CPU-s during the {r.mode} run" for r in busy)
+    seconds = {r.mode: r.seconds for r in results}
+    speedup = (f"the speedup ({seconds['serial'] / max(seconds['pipelined'], 1e-9):.2f}x)"
+               if {"serial", "pipelined"} <= seconds.keys() else "the speedup")
     return (f"note: other processes used {parts}:\n"
-            f"      the machine was busy, so these timings are not representative; run again when it is idle")
+            f"      the machine was busy, so {speedup} says little about pipelining: each run lost a different "
+            f"share of the cores; run again when it is idle")
 
 
 def format_loss_check(serial: RunResult, pipelined: RunResult) -> Tuple[bool, str]:
