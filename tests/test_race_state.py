@@ -246,3 +246,47 @@ def test_draws_from_the_default_generator_named_explicitly_race(kind: str) -> No
         engine(kind, plan_of(spec), check_races=True).run(range(4))
     assert info.value.attribute == "torch.default_generator"
     assert (info.value.first, info.value.second) == (("A", 0), ("B", 0))
+
+
+# -- names and values the checks hand back ---------------------------------------------------------------------------
+
+
+def test_analyze_names_a_weight_version_after_its_parameter() -> None:
+    from swpipeline import WeightVersions
+
+    job = Training()
+    versions = WeightVersions(job.model, staleness=1)
+
+    def forward(ctx: IterContext) -> None:
+        with versions.use(ctx):
+            ctx.loss = job.model(ctx.batch).square().mean()
+
+    spec: Spec = {"Forward": (0, "f", "f", forward), "Backward": (1, "b", "b", lambda ctx: ctx.loss.backward()),
+                  "Step": (2, None, "default", lambda ctx: versions.step(ctx, job.optimizer))}
+    plan = plan_of(spec, intra=[("Backward", "Forward"), ("Step", "Backward")])
+    plan = PipelinePlan(plan.schedule, plan.intra_iter_deps, [versions.deps(plan.task("Forward"), plan.task("Step"))])
+    analysis = analyze(plan, batches()[0], warmup=2)
+    assert (analysis.missing_deps, analysis.warnings) == ([], [])
+    assert analysis.reads["Forward"] == {"job.model.0.bias (version 1)", "job.model.0.weight (version 1)",
+                                         "job.model.2.bias (version 1)", "job.model.2.weight (version 1)"}
+    assert "job.model.2.weight (version 1)" in analysis.reads["Backward"]  # through the iteration's leaf
+    assert not [n for n in analysis.reads["Forward"] | analysis.reads["Backward"] if n.startswith("tensor ")]
+
+
+@pytest.mark.parametrize("check", ["plain", "check_races", "analyze"])
+def test_a_context_stored_in_itself_is_the_context_under_every_check(check: str) -> None:
+    seen: List[Tuple[type, int]] = []
+
+    def keep(ctx: IterContext) -> None:
+        ctx.me = ctx
+        ctx.x = 1
+
+    def look(ctx: IterContext) -> None:
+        seen.append((type(ctx.me), ctx.me.x))
+
+    plan = plan_of({"Keep": (0, None, "default", keep), "Look": (0, None, "default", look)}, intra=[("Look", "Keep")])
+    if check == "analyze":
+        analyze(plan, None)
+    else:
+        SWPipeline(plan, device="cpu", check_races=check == "check_races").run(range(2))
+    assert seen == [(IterContext, 1)] * (1 if check == "analyze" else 2)

@@ -54,7 +54,7 @@ from ..shortcut.recording import Journal, RecordingView
 from .generators import GeneratorKey, generator_name, named_generators
 from .inplace import WATCHED, ValueWatch, attributes_meeting
 from .memory import Region, RegionIndex, region_of, storage_key
-from .naming import MAX_DEPTH, describe, find_roots, named_slots, walk_tensors
+from .naming import MAX_DEPTH, describe, find_roots, named_copies, named_slots, walk_tensors
 from .operators import Observer
 
 __all__: List[str] = []
@@ -235,7 +235,9 @@ class StateRecorder:
         for name, tensor in slots.items():
             if tensor is not None:
                 name = index.add(name, tensor)
-            versions[name] = (tensor, _version(tensor))
+            versions.setdefault(name, (tensor, _version(tensor)))
+        for name, tensor in named_copies(self.roots, params):
+            index.add(name, tensor)
         grads = {pid: f"{name}.grad" for pid, name in params.items()}
         self.weights.update(name for name in params.values() if name in versions)
         return _Snapshot(versions, index, grads, fingerprints)

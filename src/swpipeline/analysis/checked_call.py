@@ -34,7 +34,7 @@ from .inplace import WATCHED, ValueWatch, attributes_meeting
 from .memory import Region, regions_of
 from .operators import OperatorObserver
 from ..plan.model import IterContext
-from ..shortcut.recording import JOURNAL_SLOT, Journal, RecordingView
+from ..shortcut.recording import JOURNAL_SLOT, Journal, RecordingView, unwrapped
 
 __all__: List[str] = []
 
@@ -190,7 +190,7 @@ class CheckedView(RecordingView):
 
     def __setattr__(self, name: str, value: Any) -> None:
         journal = _checked_journal_of(self)
-        setattr(journal.target, name, value)
+        setattr(journal.target, name, value if type(value) is not CheckedView else unwrapped(value))
         log = journal.log
         entries = log.get(name)
         if entries is None:

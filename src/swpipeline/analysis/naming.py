@@ -94,13 +94,19 @@ def find_roots(functions: Iterable[Any], named: Mapping[str, Any]) -> Dict[str, 
         if id(obj) in seen or obj is None:
             continue
         seen.add(id(obj))
-        if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Generator)):
+        if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Generator)) or \
+                _names_its_tensors(obj):
             if path:
                 found.setdefault(path, obj)
             continue
         if depth < MAX_DEPTH and not _is_engine(obj):
             queue.extend((child, name, depth + 1) for child, name in _children(obj, path))
     return found
+
+
+def _names_its_tensors(obj: Any) -> bool:
+    """Whether ``obj`` says what its tensors are (``WeightVersions``: its versions of each parameter)."""
+    return callable(getattr(type(obj), "__swp_named_tensors__", None))
 
 
 def _local_tensors(tensor: torch.Tensor) -> List[torch.Tensor]:
@@ -159,13 +165,29 @@ def named_slots(roots: Mapping[str, Any]) -> Tuple[Dict[str, Optional[torch.Tens
     return slots, param_names
 
 
+def named_copies(roots: Mapping[str, Any], param_names: Mapping[int, str]) -> List[Tuple[str, torch.Tensor]]:
+    """The tensors of objects that say what they are (``__swp_named_tensors__()``: the parameter each stands for,
+    what it is, the tensor; ``WeightVersions``' stashed versions), named after the parameter: ``model.0.weight
+    (version 3)``. They name what an operator reads or writes; unlike ``named_slots``' names, they come and go as
+    the object makes and drops them, which is no write of anything."""
+    found = []
+    for root, obj in roots.items():
+        if _names_its_tensors(obj):
+            for live, label, tensor in obj.__swp_named_tensors__():
+                found.append((f"{param_names.get(id(live), root)} ({label})", tensor))
+    return found
+
+
 def state_index(roots: Mapping[str, Any]) -> "RegionIndex[str]":
     """The named state now (``named_slots``), indexed by the memory each name covers; it keeps the tensors
     alive, so that no other tensor takes their storages while the index is in use."""
     index: RegionIndex[str] = RegionIndex(keep=True)
-    for name, tensor in named_slots(roots)[0].items():
+    slots, params = named_slots(roots)
+    for name, tensor in slots.items():
         if tensor is not None:
             index.add(name, tensor)
+    for name, tensor in named_copies(roots, params):
+        index.add(name, tensor)
     return index
 
 

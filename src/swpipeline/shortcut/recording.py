@@ -54,6 +54,7 @@ class Journal:
 
     def set_attr(self, name: str, value: Any) -> None:
         self.touch(name)
+        value = unwrapped(value)
         setattr(self.target, name, value)
         self.write(name, value)
         if self.mirror is not None:
@@ -153,6 +154,7 @@ class RecordingDict(dict):  # type: ignore[type-arg]
 
     def __setitem__(self, name: str, value: Any) -> None:
         self._journal.touch(name)
+        value = unwrapped(value)
         self._attrs[name] = value
         dict.__setitem__(self, name, value)
         self._journal.write(name, value)
@@ -327,3 +329,9 @@ class RecordingView(IterContext):
 
 JOURNAL_SLOT = RecordingView.__dict__["_swp_journal"]
 _journal_of: Callable[[RecordingView], Journal] = JOURNAL_SLOT.__get__  # the slot, read without a lookup
+
+
+def unwrapped(value: Any) -> Any:
+    """What a task stores: the context itself where it stores its view (``ctx.me = ctx``), as a plain run would; a
+    view kept past its call would log later accesses as that call's."""
+    return _journal_of(value).target if isinstance(value, RecordingView) else value

@@ -254,6 +254,13 @@ class WeightVersions:
 
     # -- what it costs, and the end --------------------------------------------------------------
 
+    def __swp_named_tensors__(self) -> List[Tuple[torch.Tensor, str, torch.Tensor]]:
+        """For the checks' reports: (the live parameter, ``"version v"``, the tensor) for each stashed version, so
+        that ``analyze`` names what a forward reads after its parameter (an iteration's leaves share its
+        version's memory, and so its name)."""
+        with self._lock:
+            return [(p, f"version {v}", t) for v, tensors in self._versions.items() for p, t in zip(self._live, tensors)]
+
     def stats(self) -> VersionStats:
         """How many versions were alive at most, and what one costs."""
         with self._lock:
