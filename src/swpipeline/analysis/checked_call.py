@@ -34,7 +34,7 @@ from .inplace import WATCHED, ValueWatch, attributes_meeting
 from .memory import Region, regions_of
 from .operators import OperatorObserver
 from ..plan.model import IterContext
-from ..shortcut.recording import JOURNAL_SLOT, Journal, RecordingView, unwrapped
+from ..shortcut.recording import JOURNAL_SLOT, Journal, RecordingView
 
 __all__: List[str] = []
 
@@ -73,6 +73,7 @@ class CheckedJournal(Journal, OperatorObserver):
     """
 
     watches = WATCHED
+    to_finish = False  # whether finish() has anything to look at (set by watch, wrote, read_tensor)
     values: Optional[ValueWatch] = None  # the containers read, once one could be changed in place
     written: Optional[List[torch.Tensor]] = None  # the tensors this call's operators wrote, on its thread
     state_reads: Optional[List[torch.Tensor]] = None  # the tensors of the checker's state they read
@@ -104,6 +105,7 @@ class CheckedJournal(Journal, OperatorObserver):
     def watch(self, name: str, value: Any) -> None:
         if self.values is None:
             self.values = ValueWatch()
+            self.to_finish = True
         self.values.watch(name, value)
 
     def touch(self, name: str) -> None:
@@ -122,17 +124,14 @@ class CheckedJournal(Journal, OperatorObserver):
     def wrote(self, tensor: torch.Tensor) -> None:
         if self.written is None:
             self.written = []
+            self.to_finish = True
         self.written.append(tensor)
 
     def read_tensor(self, tensor: torch.Tensor) -> None:
         if self.state_reads is None:
             self.state_reads = []
+            self.to_finish = True
         self.state_reads.append(tensor)
-
-    @property
-    def unfinished(self) -> bool:
-        """Whether ``finish`` has anything to look at."""
-        return self.values is not None or self.written is not None or self.state_reads is not None
 
     def finish(self) -> None:
         """After the call: memory its operators wrote is a write of every attribute covering it; a container
@@ -190,7 +189,7 @@ class CheckedView(RecordingView):
 
     def __setattr__(self, name: str, value: Any) -> None:
         journal = _checked_journal_of(self)
-        setattr(journal.target, name, value if type(value) is not CheckedView else unwrapped(value))
+        setattr(journal.target, name, value if value is not self else journal.target)  # ctx.me = ctx: the context
         log = journal.log
         entries = log.get(name)
         if entries is None:

@@ -51,7 +51,7 @@ from .access import DRAW, READ, WRITE
 from .checked_call import EVERY, FINISHED, Access, CheckedJournal, CheckedView, Log, Unit, new_view, set_journal
 from .generators import GeneratorKey, generator_name, named_generators
 from .memory import Region, RegionIndex, regions_of
-from .naming import find_roots, state_index
+from .naming import find_roots, names_its_tensors, state_index
 from .operators import pop, push
 from .races import HappensBefore, Placement, RaceError, conflict_clause, dependency_fix, draw_hint
 from .shared_log import SharedLog
@@ -60,7 +60,10 @@ __all__: List[str] = []
 
 logger = logging.getLogger("swpipeline")
 
+_STATE = (torch.nn.Module, torch.optim.Optimizer, torch.Tensor)  # roots whose tensors are named state
 EARLY_READ_WAIT_S = 5.0  # the longest a read of a missing attribute waits for the tasks that could set it
+# a context, its log, the log's FINISHED list, and the storages of the named state when the context was first seen
+_Logged = Tuple["weakref.ref[IterContext]", Log, List[Any], FrozenSet[int]]
 
 
 class RaceChecker:
@@ -95,7 +98,7 @@ class RaceChecker:
         self._serial = {name: k for k, name in enumerate(ordering.serial_order(plan))}
         self._happens_before = HappensBefore.of_plan(plan)
         self._placement = Placement(plan)
-        self._logs: Dict[int, Tuple["weakref.ref[IterContext]", Log]] = {}  # by id(ctx)
+        self._logs: Dict[int, _Logged] = {}  # by id(ctx)
         self._lock = threading.RLock()  # _draw reports (and may warn) while holding it
         self._sweep_at = 64  # the number of logs at which those of dead contexts are dropped
         self._warned: Set[Tuple[str, str, int, str]] = set()
@@ -103,6 +106,7 @@ class RaceChecker:
         self._newest = -1  # the highest iteration a context was first seen for: a lower one starts a new run
         self._shared = SharedLog(self)  # named tensors and generators: shared by every iteration
         self._roots: Optional[Dict[str, Any]] = None  # what the task functions reach, found at the first context
+        self._stateless = True  # whether the roots hold no state to name (then nothing is rebuilt per iteration)
         self._generators: Dict[int, str] = {}  # explicit generators the task functions reach, by address
         self._kept: List[Any] = []  # those generators, alive, so that their addresses stay theirs
         self._named: RegionIndex[str] = RegionIndex()  # the named tensors now, by memory (rebuilt per iteration)
@@ -134,11 +138,13 @@ class RaceChecker:
         if not callable(run):
             raise TypeError(f"RaceChecker.wrap: fn for {name!r} must be callable, got {type(run).__name__}")
         index = self._index[name]
+        awaited = index in self._awaitable()  # a reader may wait for this task's calls to return
 
         def checked(ctx: IterContext) -> Any:
             found = self._logs.get(id(ctx))
-            log = found[1] if found is not None and found[0]() is ctx else self._log_of(ctx)
-            journal = CheckedJournal(ctx, self, log, (index, ctx.iter_idx), self._named_storages)
+            if found is None or found[0]() is not ctx:
+                found = self._log_of(ctx)
+            journal = CheckedJournal(ctx, self, found[1], (index, ctx.iter_idx), found[3])
             view = new_view(CheckedView)
             set_journal(view, journal)  # CheckedView(journal), without a Python call
             push(journal)  # it sees the operators of this call, on this thread
@@ -147,33 +153,35 @@ class RaceChecker:
                     result = run(view)
                 finally:
                     pop(None)
-                if journal.unfinished:
+                if journal.to_finish:
                     journal.finish()
             except BaseException:
                 self._failures += 1
                 raise
             finally:
-                log.setdefault(FINISHED, []).append(index)
+                if awaited:
+                    found[2].append(index)  # the log's FINISHED list
             return result
 
         checked.__name__ = f"race_checked_{name}"
         return checked
 
-    def _log_of(self, ctx: IterContext) -> Log:
-        """The access log of one context, made when the context is first seen; it goes some time after the context
-        does (dead contexts are swept whenever the number of logs has doubled)."""
+    def _log_of(self, ctx: IterContext) -> _Logged:
+        """The access log of one context (and its list of finished tasks), made when the context is first seen; it
+        goes some time after the context does (dead contexts are swept whenever the number of logs has doubled)."""
         with self._lock:
             found = self._logs.get(id(ctx))
             if found is None or found[0]() is not ctx:
                 if len(self._logs) >= self._sweep_at:
                     self._logs = {k: v for k, v in self._logs.items() if v[0]() is not None}
                     self._sweep_at = max(64, 2 * len(self._logs))
-                found = self._logs[id(ctx)] = (weakref.ref(ctx), {})
                 if ctx.iter_idx <= self._newest:  # contexts are first seen in iteration order within a run
                     self._shared.clear()
                 self._newest = ctx.iter_idx
                 self._refresh_state()
-            return found[1]
+                finished: List[Any] = []
+                found = self._logs[id(ctx)] = (weakref.ref(ctx), {FINISHED: finished}, finished, self._named_storages)
+            return found
 
     def _refresh_state(self) -> None:
         """Name the state the task functions reach as it is now (``.grad`` and optimizer state appear lazily)."""
@@ -182,8 +190,10 @@ class RaceChecker:
             found = named_generators(self._roots)
             self._kept = [g for _, g in found.values()]
             self._generators = {k: name for k, (name, _) in found.items()}
-        index = state_index(self._roots)
-        self._named, self._named_storages = index, frozenset(index.storages())
+            self._stateless = not any(isinstance(obj, _STATE) or names_its_tensors(obj) for obj in self._roots.values())
+        if not self._stateless:
+            index = state_index(self._roots)
+            self._named, self._named_storages = index, frozenset(index.storages())
 
     def _compare(self, log: Log, attr: Any, entries: List[Access], access: Access) -> None:
         """Raise (or warn) for each logged access that conflicts with ``access`` and is not ordered with it.
@@ -273,9 +283,13 @@ class RaceChecker:
                 and not any(relation.before(a, n) for a in after)]
         return found
 
+    def _awaitable(self) -> Set[int]:
+        """The tasks some reader of a missing attribute may wait for (``_could_set`` of any task)."""
+        return {setter for task in range(len(self._names)) for setter in self._could_set(task)}
+
     def _known_setter(self, name: str, setters: List[int]) -> Optional[int]:
         """One of ``setters`` seen setting ``name`` in another iteration's context, if any."""
-        for _, other_log in list(self._logs.values()):
+        for _, other_log, *_ in list(self._logs.values()):
             for (task, _), kind in list(other_log.get(name, ())):
                 if task in setters and kind != READ:
                     return int(task)
@@ -285,7 +299,7 @@ class RaceChecker:
         """Until every task of ``setters`` has returned on this context, a checked call failed, or
         ``EARLY_READ_WAIT_S`` passed."""
         failures, deadline = self._failures, time.monotonic() + EARLY_READ_WAIT_S
-        while not set(setters) <= set(log.get(FINISHED, ())) and self._failures == failures \
+        while not set(setters) <= set(log[FINISHED]) and self._failures == failures \
                 and time.monotonic() < deadline:
             time.sleep(0.001)
 

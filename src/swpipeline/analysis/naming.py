@@ -95,7 +95,7 @@ def find_roots(functions: Iterable[Any], named: Mapping[str, Any]) -> Dict[str, 
             continue
         seen.add(id(obj))
         if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Generator)) or \
-                _names_its_tensors(obj):
+                names_its_tensors(obj):
             if path:
                 found.setdefault(path, obj)
             continue
@@ -104,7 +104,7 @@ def find_roots(functions: Iterable[Any], named: Mapping[str, Any]) -> Dict[str, 
     return found
 
 
-def _names_its_tensors(obj: Any) -> bool:
+def names_its_tensors(obj: Any) -> bool:
     """Whether ``obj`` says what its tensors are (``WeightVersions``: its versions of each parameter)."""
     return callable(getattr(type(obj), "__swp_named_tensors__", None))
 
@@ -172,7 +172,7 @@ def named_copies(roots: Mapping[str, Any], param_names: Mapping[int, str]) -> Li
     the object makes and drops them, which is no write of anything."""
     found = []
     for root, obj in roots.items():
-        if _names_its_tensors(obj):
+        if names_its_tensors(obj):
             for live, label, tensor in obj.__swp_named_tensors__():
                 found.append((f"{param_names.get(id(live), root)} ({label})", tensor))
     return found

@@ -259,7 +259,8 @@ class WeightVersions:
         that ``analyze`` names what a forward reads after its parameter (an iteration's leaves share its
         version's memory, and so its name)."""
         with self._lock:
-            return [(p, f"version {v}", t) for v, tensors in self._versions.items() for p, t in zip(self._live, tensors)]
+            return [(p, f"version {v}", t)
+                    for v, tensors in self._versions.items() for p, t in zip(self._live, tensors)]
 
     def stats(self) -> VersionStats:
         """How many versions were alive at most, and what one costs."""
