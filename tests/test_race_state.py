@@ -290,3 +290,23 @@ def test_a_context_stored_in_itself_is_the_context_under_every_check(check: str)
     else:
         SWPipeline(plan, device="cpu", check_races=check == "check_races").run(range(2))
     assert seen == [(IterContext, 1)] * (1 if check == "analyze" else 2)
+
+
+def test_a_look_at_every_attribute_after_the_write_is_the_race_too() -> None:
+    # A bug story: a look at every attribute (vars(ctx) iterated, a copy) compared with a write logged before it
+    # raised ValueError (min() of an empty sequence) instead of the race: the look was not among the attribute's
+    # own accesses the report picks the earliest racing pair from. Forced here: A writes, then B looks.
+    import copy
+
+    def writes(ctx: IterContext) -> None:
+        ctx.x = 1
+
+    plan = plan_of({"A": (0, "a", "a", writes), "B": (0, "b", "b", lambda ctx: copy.deepcopy(ctx))})
+    checker = RaceChecker(plan)
+    ctx = IterContext(None, 0)
+    checker.wrap("A")(ctx)
+    with pytest.raises(RaceError) as info:
+        checker.wrap("B")(ctx)
+    assert str(info.value) == ("race on ctx.x: 'B' (iteration 0) reads ctx.x, which 'A' (iteration 0) writes, and no "
+                               "declared dependency orders the two (a serial run runs 'A' first): add (\"B\", \"A\") "
+                               "to intra_iter_deps")

@@ -24,7 +24,7 @@ checker. A read of an attribute the context lacks goes to the checker first
 
 from __future__ import annotations
 
-from typing import Any, Callable, Collection, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Callable, Collection, Dict, FrozenSet, List, Optional, Protocol, Tuple
 
 import torch
 
@@ -54,6 +54,7 @@ class Checker(Protocol):
     accesses, settle a read of a missing attribute; and the verdicts it already knows."""
 
     _verdicts: Dict[Tuple[int, int, int], bool]  # (task, other task, iteration distance) -> ordered by happens-before
+    _named_storages: FrozenSet[int]  # the storages of the named state the task functions reach
 
     def _compare(self, log: Log, attr: Any, entries: List[Access], access: Access) -> None: ...
 
@@ -78,13 +79,17 @@ class CheckedJournal(Journal, OperatorObserver):
     written: Optional[List[torch.Tensor]] = None  # the tensors this call's operators wrote, on its thread
     state_reads: Optional[List[torch.Tensor]] = None  # the tensors of the checker's state they read
 
-    def __init__(self, target: IterContext, checker: Checker, log: Log, unit: Unit,
-                 reads_of: Collection[int]) -> None:  # (no super().__init__:) the journal's own records are not kept
+    def __init__(self, target: IterContext, checker: Checker, log: Log,
+                 unit: Unit) -> None:  # (no super().__init__:) the journal's own records are not kept
         self.target = target
         self.checker = checker
         self.log = log
         self.unit = unit
-        self.reads_of = reads_of
+
+    @property
+    def reads_of(self) -> Collection[int]:
+        """The storages of the checker's named state now: the reads the call's operators hand on."""
+        return self.checker._named_storages
 
     def _log(self, name: Any, kind: str) -> None:
         """Log one access, then compare it with the log (see the module docstring: no lock, never a miss)."""
@@ -175,17 +180,20 @@ class CheckedView(RecordingView):
                 if other_kind != READ and other != unit and not verdicts.get((other[0], unit[0], unit[1] - other[1])):
                     journal.checker._compare(log, name, entries, access)
                     break
-        try:
-            value = getattr(journal.target, name)
-        except AttributeError:
-            error = journal.checker.early_read(log, name, unit)
-            if error is not None:
-                raise error from None
-            raise
+        value = getattr(journal.target, name)  # a missing attribute: __getattr__ below
         kind = type(value)
-        if kind in _WATCHED_TYPES or (kind not in _PLAIN_TYPES and isinstance(value, WATCHED)):
+        if kind not in _PLAIN_TYPES and (kind in _WATCHED_TYPES or isinstance(value, WATCHED)):
             journal.watch(name, value)
         return value
+
+    def __getattr__(self, name: str) -> Any:
+        """Python calls it after ``__getattribute__`` found the attribute missing: the task that sets it may not have
+        run yet (``early_read``); else the context's own error."""
+        journal = _checked_journal_of(self)
+        error = journal.checker.early_read(journal.log, name, journal.unit)
+        if error is not None:
+            raise error from None
+        return getattr(journal.target, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         journal = _checked_journal_of(self)

@@ -62,8 +62,7 @@ logger = logging.getLogger("swpipeline")
 
 _STATE = (torch.nn.Module, torch.optim.Optimizer, torch.Tensor)  # roots whose tensors are named state
 EARLY_READ_WAIT_S = 5.0  # the longest a read of a missing attribute waits for the tasks that could set it
-# a context, its log, the log's FINISHED list, and the storages of the named state when the context was first seen
-_Logged = Tuple["weakref.ref[IterContext]", Log, List[Any], FrozenSet[int]]
+_Logged = Tuple["weakref.ref[IterContext]", Log, List[Any]]  # a context, its log, the log's FINISHED list
 
 
 class RaceChecker:
@@ -106,7 +105,7 @@ class RaceChecker:
         self._newest = -1  # the highest iteration a context was first seen for: a lower one starts a new run
         self._shared = SharedLog(self)  # named tensors and generators: shared by every iteration
         self._roots: Optional[Dict[str, Any]] = None  # what the task functions reach, found at the first context
-        self._stateless = True  # whether the roots hold no state to name (then nothing is rebuilt per iteration)
+        self._refresh = True  # whether a new context names the state again (not once the roots hold none)
         self._generators: Dict[int, str] = {}  # explicit generators the task functions reach, by address
         self._kept: List[Any] = []  # those generators, alive, so that their addresses stay theirs
         self._named: RegionIndex[str] = RegionIndex()  # the named tensors now, by memory (rebuilt per iteration)
@@ -144,23 +143,21 @@ class RaceChecker:
             found = self._logs.get(id(ctx))
             if found is None or found[0]() is not ctx:
                 found = self._log_of(ctx)
-            journal = CheckedJournal(ctx, self, found[1], (index, ctx.iter_idx), found[3])
+            journal = CheckedJournal(ctx, self, found[1], (index, ctx.iter_idx))
             view = new_view(CheckedView)
             set_journal(view, journal)  # CheckedView(journal), without a Python call
             push(journal)  # it sees the operators of this call, on this thread
             try:
-                try:
-                    result = run(view)
-                finally:
-                    pop(None)
-                if journal.to_finish:
-                    journal.finish()
+                result = run(view)
             except BaseException:
                 self._failures += 1
                 raise
             finally:
-                if awaited:
+                pop(None)
+                if awaited:  # (finish() logs no assignment: a reader waiting for this task has all it needs now)
                     found[2].append(index)  # the log's FINISHED list
+            if journal.to_finish:
+                journal.finish()
             return result
 
         checked.__name__ = f"race_checked_{name}"
@@ -178,9 +175,10 @@ class RaceChecker:
                 if ctx.iter_idx <= self._newest:  # contexts are first seen in iteration order within a run
                     self._shared.clear()
                 self._newest = ctx.iter_idx
-                self._refresh_state()
+                if self._refresh:
+                    self._refresh_state()
                 finished: List[Any] = []
-                found = self._logs[id(ctx)] = (weakref.ref(ctx), {FINISHED: finished}, finished, self._named_storages)
+                found = self._logs[id(ctx)] = (weakref.ref(ctx), {FINISHED: finished}, finished)
             return found
 
     def _refresh_state(self) -> None:
@@ -190,8 +188,8 @@ class RaceChecker:
             found = named_generators(self._roots)
             self._kept = [g for _, g in found.values()]
             self._generators = {k: name for k, (name, _) in found.items()}
-            self._stateless = not any(isinstance(obj, _STATE) or names_its_tensors(obj) for obj in self._roots.values())
-        if not self._stateless:
+            self._refresh = any(isinstance(obj, _STATE) or names_its_tensors(obj) for obj in self._roots.values())
+        if self._refresh:
             index = state_index(self._roots)
             self._named, self._named_storages = index, frozenset(index.storages())
 
@@ -217,7 +215,8 @@ class RaceChecker:
             if not verdict:
                 first, second = (other, other_kind), access
                 if self._raises(other, unit):
-                    first, second = self._earliest((a, b) for k, a in enumerate(entries) for b in entries[k + 1:]
+                    pool = entries if access in entries else [*entries, access]  # a look at every attribute
+                    first, second = self._earliest((a, b) for k, a in enumerate(pool) for b in pool[k + 1:]
                                                    if a[0] != b[0] and (a[1] != READ or b[1] != READ))
                 self._report(f"ctx.{attr}", first, second)
         if kind != READ and EVERY in log:
@@ -289,7 +288,7 @@ class RaceChecker:
 
     def _known_setter(self, name: str, setters: List[int]) -> Optional[int]:
         """One of ``setters`` seen setting ``name`` in another iteration's context, if any."""
-        for _, other_log, *_ in list(self._logs.values()):
+        for _, other_log, _ in list(self._logs.values()):
             for (task, _), kind in list(other_log.get(name, ())):
                 if task in setters and kind != READ:
                     return int(task)

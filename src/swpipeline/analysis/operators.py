@@ -62,7 +62,6 @@ class OperatorObserver(TorchDispatchMode):
     docstring). ``reads_of``: the storages whose reads are handed on (None: every read)."""
 
     supports_higher_order_operators = True
-    reads_of: Optional[Collection[int]] = ()  # (the race checker's journal sets it per call; never __init__)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:  # typed, for the subclasses of modules mypy checks strictly
         super().__init_subclass__(**kwargs)
@@ -94,6 +93,11 @@ class OperatorObserver(TorchDispatchMode):
             self.drew(key)
         return result
 
+    @property
+    def reads_of(self) -> Optional[Collection[int]]:
+        """The storages whose reads are handed to ``read_tensor`` (None: every read); none by default."""
+        return ()
+
     def read_tensor(self, tensor: torch.Tensor) -> None:
         """An operator read ``tensor`` (one whose storage is in ``reads_of``, unless that is None)."""
 
@@ -114,8 +118,11 @@ class Observer(OperatorObserver):
     def __init__(self, on_read: Callable[[torch.Tensor], None], on_write: Callable[[torch.Tensor], None],
                  on_draw: Callable[[GeneratorKey], None]) -> None:
         super().__init__()
-        self.reads_of = None
         self._on = (on_read, on_write, on_draw)
+
+    @property
+    def reads_of(self) -> Optional[Collection[int]]:
+        return None  # every read
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
