@@ -18,8 +18,9 @@ from typing import Any, List, Tuple
 import pytest
 import torch
 
-from swpipeline import DataFlowPipeline, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule, analyze, search_plan
+from swpipeline import DataFlowPipeline, PipelinePlan, PipelineTask, SWPipeline, analyze, search_plan
 from swpipeline.planning.kept_orders import analysis_orders, orders_dropped
+from test_kept_orders import TrainingLoop
 
 Batch = Tuple[torch.Tensor, torch.Tensor]
 Result = Tuple[List[torch.Tensor], torch.Tensor]
@@ -29,45 +30,20 @@ LOAD_DROPS = [("Load", "Forward", "inter"), ("Load", "Backward", "inter"), ("Loa
               ("Load", "StepLR", "inter")]
 
 
-class ScheduledLoop:
-    """Load -> Forward -> Backward -> Step, and StepLR (no dependency declared) on a small MLP with SGD."""
+class ScheduledLoop(TrainingLoop):
+    """The training loop of ``test_kept_orders`` and a StepLR task (no dependency declared) after its step."""
 
     def __init__(self) -> None:
-        self.reset()
-        self.load = PipelineTask("Load", self._load)
-        self.forward = PipelineTask("Forward", self._forward)
-        self.backward = PipelineTask("Backward", self._backward)
-        self.step = PipelineTask("Step", self._step)
+        super().__init__()
         self.step_lr = PipelineTask("StepLR", self._step_lr)
-        self.tasks = [self.load, self.forward, self.backward, self.step, self.step_lr]
-        self.intra = [(self.forward, self.load), (self.backward, self.forward), (self.step, self.backward)]
+        self.tasks.append(self.step_lr)
 
     def reset(self) -> None:
-        torch.manual_seed(0)
-        self.model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        super().reset()
         self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=1, gamma=0.9)
-        self.losses: List[torch.Tensor] = []
-
-    def _load(self, ctx: Any) -> None:
-        ctx.x, ctx.y = ctx.batch[0] * 2, ctx.batch[1]
-
-    def _forward(self, ctx: Any) -> None:
-        ctx.loss = torch.nn.functional.mse_loss(self.model(ctx.x), ctx.y)
-
-    def _backward(self, ctx: Any) -> None:
-        ctx.loss.backward()
-
-    def _step(self, ctx: Any) -> None:
-        self.optimizer.step()
-        self.optimizer.zero_grad()
-        self.losses.append(ctx.loss.detach())
 
     def _step_lr(self, ctx: Any) -> None:
         self.scheduler.step()
-
-    def one_thread(self) -> PipelinePlan:
-        return PipelinePlan({t: TaskSchedule(0) for t in self.tasks}, self.intra)
 
     def train(self, plan: PipelinePlan, how: str) -> Result:
         self.reset()
@@ -77,7 +53,7 @@ class ScheduledLoop:
             SWPipeline(plan, device="cpu").run(batches())
         else:
             DataFlowPipeline(plan, max_depth=3, device="cpu").run(batches())
-        return [p.detach().clone() for p in self.model.parameters()], torch.stack(self.losses)
+        return self.result()
 
 
 def batches() -> List[Batch]:
