@@ -18,9 +18,9 @@ from typing import Any, List, Tuple
 import pytest
 import torch
 
-from swpipeline import DataFlowPipeline, PipelinePlan, PipelineTask, SWPipeline, analyze, search_plan
+from swpipeline import PipelineTask, analyze, search_plan
 from swpipeline.planning.kept_orders import analysis_orders, orders_dropped
-from test_kept_orders import TrainingLoop
+from test_kept_orders import TrainingLoop, train
 
 Batch = Tuple[torch.Tensor, torch.Tensor]
 Result = Tuple[List[torch.Tensor], torch.Tensor]
@@ -45,15 +45,6 @@ class ScheduledLoop(TrainingLoop):
     def _step_lr(self, ctx: Any) -> None:
         self.scheduler.step()
 
-    def train(self, plan: PipelinePlan, how: str) -> Result:
-        self.reset()
-        if how == "serial":
-            SWPipeline(plan, device="cpu").run_serial(batches())
-        elif how == "clocked":
-            SWPipeline(plan, device="cpu").run(batches())
-        else:
-            DataFlowPipeline(plan, max_depth=3, device="cpu").run(batches())
-        return self.result()
 
 
 def batches() -> List[Batch]:
@@ -113,9 +104,9 @@ def test_a_scheduler_writing_a_float_trains_like_run_serial_on_both_engines(keep
     found = search_plan(loop.tasks, loop.intra, [], COSTS, max_in_flight=3, thread_groups=GROUPS, baseline=baseline,
                         drop_orders=LOAD_DROPS, keep_orders=analysis if keep == "with the analysis" else None)
     assert found.speedup is not None and found.speedup > 1.3  # Load moved to a thread of its own
-    expected = loop.train(baseline, "serial")
+    expected = train(loop, baseline, "serial")
     for how in ("clocked", "dataflow", "clocked", "dataflow", "clocked", "dataflow"):
-        assert same(loop.train(found.plan, how), expected), how
+        assert same(train(loop, found.plan, how), expected), how
 
 
 def test_dropping_what_the_analysis_did_not_see_moves_the_scheduler_apart() -> None:

@@ -17,11 +17,11 @@ from typing import Any, List, Tuple
 import pytest
 import torch
 
-from swpipeline import DataFlowPipeline, PipelinePlan, SWPipeline, TaskSchedule, WeightVersions
+from swpipeline import PipelinePlan, TaskSchedule, WeightVersions
 from swpipeline.cli import main
 from swpipeline.planning.overheads import EngineOverheads
 from swpipeline.planning.staleness import chain_between, weight_versions_search
-from test_kept_orders import COSTS, GROUPS, LOAD_DROPS, TrainingLoop, batches, one_thread_trace, train
+from test_kept_orders import COSTS, GROUPS, LOAD_DROPS, TrainingLoop, one_thread_trace, train
 
 PLAN_ARGS = ["--overheads", "zero", "--skip-first", "0", "--max-in-flight", "3", "--thread-groups", "default,g1,g2"]
 DROP_LOAD = [arg for t, d, _ in LOAD_DROPS for arg in ("--drop-order", f"{t},{d},inter")]
@@ -117,16 +117,9 @@ class VersionedLoop(TrainingLoop):
         self.versions.step(ctx, self.optimizer)
         self.losses.append(ctx.loss.detach())
 
-    def train(self, plan: PipelinePlan, how: str) -> Result:
-        self.reset()
-        if how == "serial":
-            SWPipeline(plan, device="cpu").run_serial(batches())
-        elif how == "clocked":
-            SWPipeline(plan, device="cpu").run(batches())
-        else:
-            DataFlowPipeline(plan, max_depth=3, device="cpu").run(batches())
+    def result(self) -> Result:
         self.versions.close()
-        return [p.detach().clone() for p in self.model.parameters()], torch.stack(self.losses)
+        return super().result()
 
 
 def test_the_weight_versions_plan_trains_the_same_on_both_engines_and_in_run_serial() -> None:
@@ -143,9 +136,9 @@ def test_the_weight_versions_plan_trains_the_same_on_both_engines_and_in_run_ser
     assert plan.inter["Forward"] == [("Step", 2)]
     assert {n: (s.stage, s.thread_group) for n, s in plan.schedules.items()} == {
         "Load": (0, "g1"), "Forward": (0, "default"), "Backward": (0, "default"), "Step": (2, "g2")}
-    expected = loop.train(plan, "serial")
+    expected = train(loop, plan, "serial")
     for how in ("clocked", "dataflow", "clocked", "dataflow", "clocked", "dataflow"):
-        got = loop.train(plan, how)
+        got = train(loop, plan, how)
         assert torch.equal(got[1], expected[1]), how
         assert all(torch.equal(a, b) for a, b in zip(got[0], expected[0])), how
     exact = TrainingLoop()  # the trade-off: the serial loop's answer differs from the one on stale weights
