@@ -16,7 +16,7 @@ from the plan; the clock is the engine's release rule (``release.ClockRule``), a
 ``handout.HandOut`` hands each thread group its units of the released periods, in its
 order. Periods in which nothing runs (after ``progress(None)``, before the first batch
 reaches a stage, after the last batch) cost nothing. Why this cannot deadlock is
-written in ``handout``; ``Schedule.check`` also runs the schedule on paper at
+written in ``handout``; ``paper.check`` also runs the schedule on paper at
 construction, with the caller's thread group.
 
 The step boundary (``progress(advance=False)``): every unit of the periods released so
@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Iterable, List, Optional, Union
 
 from ..plan import ordering
+from . import paper
 from .pipeline import _PipelineBase
 from ..devices.device import DeviceSpec
 from ..plan.model import PipelinePlan
@@ -98,7 +99,7 @@ class SWPipeline(_PipelineBase):
         callers = dict.fromkeys([None, self._run_caller_group, self._fill_caller_group])  # every way it can run
         for caller_group in callers:
             for num_batches in sorted({1, self.depth, 2 * self.depth + 1}):
-                self._schedule.check(self._rule, num_batches, caller_group)
+                paper.check(self._schedule, self._rule, num_batches, caller_group)
         self._enqueue_order = [self._by_name[s.task] for s in self._schedule.slots]
 
     _yield_after_hand_out = True

@@ -20,12 +20,12 @@ What a unit waits for, when it is handed out, the steps without a batch
 (``progress(None)``, ``drain()``), the caller's thread group and why none of it can
 deadlock are written once for both engines: the release rule in ``release.py``
 (``DataFlowRule``), the hand-out and the deadlock argument in ``handout.py``. A smaller
-``max_depth`` than the depth is accepted only if ``Schedule.check`` runs the plan to the
+``max_depth`` than the depth is accepted only if ``paper.check`` runs the plan to the
 end with it.
 
 The step boundary (``progress(advance=False)``, see ``base``) waits for the units handed
 out that do not wait, directly or through others, on a unit not handed out
-(``Schedule.settle`` finds them on paper: they are what runs if nothing more is handed
+(``paper.settle`` finds them on paper: they are what runs if nothing more is handed
 out, whatever the timing). That includes later iterations' units the engine ran ahead
 on, within the live contexts; the caller's group has run the oldest iteration's last
 period (a held step runs the whole of it) and runs nothing in between.
@@ -39,7 +39,7 @@ from .pipeline import _PipelineBase
 from ..devices.device import DeviceSpec
 from ..plan.model import PipelinePlan
 from .release import DataFlowRule
-from .schedule import ScheduleError
+from .paper import ScheduleError, check
 
 if TYPE_CHECKING:
     from ..analysis.report import PlanAnalysis  # free_early=analyze(...): a type the engine never imports
@@ -95,7 +95,7 @@ class DataFlowPipeline(_PipelineBase):
             try:
                 for caller_group in callers if live >= depth else [None]:
                     for num_batches in sorted({1, depth, 2 * depth + live + 1}):
-                        self._schedule.check(DataFlowRule(depth, live), num_batches, caller_group)
+                        check(self._schedule, DataFlowRule(depth, live), num_batches, caller_group)
             except ScheduleError as stuck:
                 return stuck
             return None

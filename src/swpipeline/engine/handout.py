@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 
 from ..plan.model import IterContext
 from .release import Entries, Released, ReleaseRule
-from .schedule import WHOLE_PERIOD, Position, Schedule, Slot
+from .paper import settle
+from .schedule import WHOLE_PERIOD, Position, Schedule
 
 if TYPE_CHECKING:
     from .run import Run
@@ -114,14 +115,14 @@ class HandOut:
         return fetch
 
     def boundary(self) -> Dict[int, int]:
-        """What runs, if nothing more is handed out, of the units handed out (``Schedule.settle``): every one
+        """What runs, if nothing more is handed out, of the units handed out (``paper.settle``): every one
         that does not wait, directly or through others, on a unit not handed out."""
         retired = self.run.next_retire
-        entered = {period: ctx for period, ctx in self.entries.entered.items() if ctx.iter_idx >= retired}
+        entered = {period: ctx.iter_idx for period, ctx in self.entries.entered.items() if ctx.iter_idx >= retired}
         if not entered:
             return {}
         first = min(entered)
-        queues: Dict[str, List[Tuple[int, Slot]]] = {}
+        handed = {}
         for group, slots in self.schedule.lanes.items():
             end = self.positions[group]
             if group == self.caller_group:  # it runs only inside progress(): what it ran is done, the rest waits
@@ -129,22 +130,8 @@ class HandOut:
                 if caller is not None:  # every unit up to its last stop ran
                     period, cut = caller.ran_to
                     end = min(end, (period, sum(slot.position <= cut for slot in slots)))
-            queue = queues[group] = []
-            for period in range(first, end[0] + 1):
-                for k, slot in enumerate(slots):
-                    if (period, k) >= end:
-                        break
-                    ctx = entered.get(period - slot.stage)
-                    if ctx is not None:
-                        queue.append((ctx.iter_idx, slot))
-        turn_orders: Dict[object, List[Tuple[int, int]]] = {}
-        for period in range(first, self.numbered):
-            for slot in self.schedule.turn_slots:
-                ctx = entered.get(period - slot.stage)
-                if ctx is not None:
-                    for line in self.schedule.turn_lines(slot):
-                        turn_orders.setdefault(line, []).append((slot.index, ctx.iter_idx))
-        return self.schedule.settle(queues, turn_orders, retired)
+            handed[group] = self.schedule.lane_units(group, (first, 0), end, entered)
+        return settle(self.schedule, handed, entered, range(first, self.numbered), retired)
 
     def let_go(self) -> None:
         """The run stopped: drop the contexts still entered (they hold the caller's batches) and the data
@@ -195,13 +182,14 @@ class HandOut:
         put(units, modes, period)
 
     def _number_turns(self, through: int) -> None:
-        """Number the turn-taking units of every period up to ``through`` not numbered yet."""
+        """Number the turn-taking units of every period up to ``through`` not numbered yet (``Schedule.turn_units``),
+        on the run's ``signals.Turns``."""
         entered, schedule, tasks = self.entries.entered, self.schedule, self.run.tasks
         while self.numbered <= through:
-            schedule.assign_turns(self.numbered, lambda entry: _iteration(entered.get(entry)), tasks)
+            for slot, ctx in schedule.turn_units(self.numbered, entered):
+                task, key, label = tasks[slot.index], (slot.index, ctx.iter_idx), f"{slot.task}(i{ctx.iter_idx})"
+                if task.stream_turns is not None:
+                    task.stream_turns.assign(key, label)
+                if task.turns is not None:
+                    task.turns.assign(key, label)
             self.numbered += 1
-
-
-def _iteration(ctx: Optional[IterContext]) -> Optional[int]:
-    return None if ctx is None else ctx.iter_idx
-
