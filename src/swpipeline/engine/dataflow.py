@@ -33,6 +33,7 @@ period (a held step runs the whole of it) and runs nothing in between.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Callable, Iterable, List, Optional, Union
 
 from .pipeline import _PipelineBase
@@ -79,11 +80,9 @@ class DataFlowPipeline(_PipelineBase):
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
             raise ValueError(f"max_depth must be an int >= 1 (the most iterations in flight), got {max_depth!r}")
         self.max_depth = max_depth
-        if not isinstance(plan, PipelinePlan):
-            raise TypeError(f"plan must be a PipelinePlan, got {type(plan).__name__}")
-        self._rule = DataFlowRule(plan.depth, max_depth)
-        super().__init__(plan, max_depth, device, signal_timeout=signal_timeout, progress_timeout=progress_timeout,
-                         join_timeout=join_timeout, worker_init=worker_init, check_races=check_races,
+        super().__init__(plan, functools.partial(DataFlowRule, max_live=max_depth), device,
+                         signal_timeout=signal_timeout, progress_timeout=progress_timeout, join_timeout=join_timeout,
+                         worker_init=worker_init, check_races=check_races,
                          free_early=free_early, keep=keep, caller_thread_group=caller_thread_group)
         self._check_max_depth()
 
@@ -111,14 +110,6 @@ class DataFlowPipeline(_PipelineBase):
                 f"interleave), and that order needs {need} iterations alive at once ({stuck.blocked}); use "
                 f"max_depth >= {need}, or lower the stages"
             )
-
-    def _caller_group_refusal(self) -> Optional[str]:
-        depth = self._schedule.depth
-        if not self._rule.allows_caller_group:
-            return (f"a thread group on the caller's thread needs max_depth >= the plan's depth ({depth}), got "
-                    f"max_depth={self.max_depth}: with fewer live iterations its units could wait for work the "
-                    f"caller hands out only after retiring an iteration; raise max_depth or pass None")
-        return None
 
     # -- inspection ---------------------------------------------------------------------------
 
