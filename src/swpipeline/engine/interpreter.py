@@ -93,6 +93,7 @@ class Interpreter:
             self.bases.append(width)
             width += len(schedule.slots)
         self.width = width
+        self.count, self.sizes = len(self.schedules), [len(s.slots) for s in self.schedules]  # schedules, their tasks
         self.task_names = [slot.task for schedule in self.schedules
                            for slot in sorted(schedule.slots, key=lambda s: s.index)]
         self.lane_of: Dict[Tuple[int, str], Lane] = {}
@@ -113,7 +114,7 @@ class Interpreter:
         self.turns: List[int] = [0] * len(self.lines)  # each line's turns taken
         self.done: Set[int] = set()
         self.floor = 0  # every key below it is done (iterations retired before the paper run began)
-        self.left: Dict[Tuple[int, int], int] = {}  # (schedule, iteration) -> its units not run, once one ran
+        self.left: Dict[int, int] = {}  # iteration * schedules + schedule -> its units not run, once one ran
         self.cross: Dict[int, Tuple[int, ...]] = {}
         for waiter, waited in cross:
             key = self.key_of(waiter)
@@ -196,12 +197,14 @@ class Interpreter:
         _, slot, iteration = units[h]
         schedule = self.lane_schedule[lane]
         key = iteration * self.width + self.bases[schedule] + slot.index
-        if not self._free(schedule, slot.index, iteration, key):
+        if not self.waits_met(schedule, slot.index, iteration, key):
             return False
         return not self.partner or self._partner_ready(key)
 
-    def _free(self, schedule: int, index: int, iteration: int, key: int) -> bool:
-        """The unit's waits apart from a partner: dependencies, cross waits, turns."""
+    def waits_met(self, schedule: int, index: int, iteration: int, key: int) -> bool:
+        """Whether a unit's waits are met, but for its lane and a partner: its dependencies, cross waits, turns (the
+        unit ``key``: task ``index`` of ``schedule`` on ``iteration``). ``can_run`` asks it of a lane's head; the
+        simulator, which knows its heads, asks it directly."""
         done, floor = self.done, self.floor
         for offset, back in self.deps[schedule][index]:
             if iteration >= back:
@@ -228,7 +231,7 @@ class Interpreter:
         if lane is None:
             return False
         schedule, _, iteration = self.ref(other)
-        return self._free(schedule, other - iteration * self.width - self.bases[schedule], iteration, other)
+        return self.waits_met(schedule, other - iteration * self.width - self.bases[schedule], iteration, other)
 
     def _lane_with_head(self, key: int) -> Optional[Lane]:
         """The lane whose head is the unit ``key``, if any."""
@@ -242,9 +245,9 @@ class Interpreter:
     def run_head(self, lane: Lane) -> int:
         """Run the lane's head (``can_run`` said it may), and its partner if it has one; returns the head's key."""
         _, slot, iteration = self.lanes[lane][self.heads[lane]]
-        schedule = self.lane_schedule[lane]
-        key = iteration * self.width + self.bases[schedule] + slot.index
-        self._complete(lane, schedule, slot.index, iteration, key)
+        schedule, index = self.lane_schedule[lane], slot.index
+        key = iteration * self.width + self.bases[schedule] + index
+        self._complete(lane, schedule, index, iteration, key)
         if self.partner:
             other = self.partner.get(key)
             if other is not None and other not in self.done and other >= self.floor:
@@ -258,10 +261,13 @@ class Interpreter:
     def _complete(self, lane: Lane, schedule: int, index: int, iteration: int, key: int) -> None:
         self.done.add(key)
         self.heads[lane] += 1
-        for line in self.lines_of[schedule][index]:
-            self.turns[line] += 1
-        left = self.left.get((schedule, iteration), len(self.schedules[schedule].slots))
-        self.left[(schedule, iteration)] = left - 1
+        lines = self.lines_of[schedule][index]
+        if lines:
+            turns = self.turns
+            for line in lines:
+                turns[line] += 1
+        counted, left = iteration * self.count + schedule, self.left
+        left[counted] = left.get(counted, self.sizes[schedule]) - 1
 
     def run(self, may_run: Optional[MayRun] = None) -> int:
         """Run every unit that can run (and that ``may_run`` allows, if given), until none can; returns how
@@ -296,7 +302,7 @@ class Interpreter:
 
     def iteration_done(self, schedule: int, iteration: int) -> bool:
         """Whether every unit of ``iteration`` of ``schedule`` has run."""
-        return self.left.get((schedule, iteration)) == 0
+        return self.left.get(iteration * self.count + schedule) == 0
 
     def blocker(self, lane: Lane) -> Optional[Wait]:
         """What the lane's head waits for, the first wait of the module docstring's list not met (None: it has

@@ -28,7 +28,7 @@ from ..devices.device import CPUDevice
 from ..plan import ordering
 from ..plan.model import PipelinePlan
 from .interpreter import Interpreter, Lane, UnitRef
-from .release import Entries, ReleaseRule
+from .release import Entries, Fetch, ReleaseRule
 from .runtime import build_tasks
 from .schedule import Position, Schedule, Unit
 from .stuck import Standstill, blocked
@@ -83,58 +83,76 @@ def check_together(engines: Sequence[OnPaper], num_batches: int, cross: Iterable
     PaperRun(engines, num_batches, cross, together).run()
 
 
-class _Engine:
-    """One engine on paper: its entries, its walks, its turns numbered, its retirements."""
+class PaperEngine:
+    """One engine's hand-out on paper: ``handout.HandOut`` without threads, feeding the interpreter's lanes.
 
-    def __init__(self, k: int, spec: OnPaper, interpreter: Interpreter, num_batches: int) -> None:
+    It keeps the engine's entries (which iteration entered in which period), each group's
+    walk, the periods whose turns are numbered, and the iterations retired. ``fetch`` draws
+    the next iteration (None: there is none); the simulator passes one that also takes time.
+    """
+
+    def __init__(self, k: int, spec: OnPaper, interpreter: Interpreter, fetch: Fetch[int]) -> None:
         self.k, self.schedule, self.rule, self.interpreter = k, spec.schedule, spec.rule, interpreter
-        self.num_batches = num_batches
+        self.fetch = fetch
         self.entries: Entries[int] = Entries()
         self.positions: Dict[str, Position] = {group: (0, 0) for group in self.schedule.lanes}
+        self.lanes = [interpreter.lane_of[(k, group)] for group in self.schedule.lanes]
         self.numbered = 0  # periods whose turns are numbered
-        self.created = self.retired = 0
+        self.fill_steps_done = 0
+        self.retired = 0
         self.caller_group = spec.caller_group
         self.caller_lane = None if spec.caller_group is None else interpreter.lane_of[(k, spec.caller_group)]
         self.caller_through = 0
 
-    def fetch(self) -> Optional[int]:
-        if self.created >= self.num_batches:
-            return None
-        self.created += 1
-        return self.created - 1
-
-    def hand_out(self) -> None:
-        entries, schedule, interpreter = self.entries, self.schedule, self.interpreter
-        released = self.rule.released(entries)
-        horizon = entries.horizon(schedule.depth)
-        through = min(*released, horizon)  # (through_period, decided)
+    def step(self) -> Tuple[range, List[int]]:
+        """One hand-out, as the engine makes them: a step of the fill while it lasts, else what follows a
+        retirement (a clock tick, a data-flow top-up). Returns the periods whose turns it numbered, and how
+        many units it handed to each of the schedule's lanes (in ``Schedule.lanes`` order)."""
+        rule, entries = self.rule, self.entries
+        if self.fill_steps_done < rule.fill_steps:
+            rule.fill_step(entries, self.fetch)
+            self.fill_steps_done += 1
+        else:
+            rule.after_retire(entries, self.fetch)
+        released, horizon = rule.released(entries), entries.horizon(self.schedule.depth)
+        through, first = min(*released, horizon), self.numbered  # (through_period, decided)
+        interpreter = self.interpreter
         while self.numbered <= through:
             interpreter.number(self.k, self.numbered, entries.entered)
             self.numbered += 1
-        for group, units in zip(schedule.lanes, schedule.walk_all(self.positions, entries.entered, released, horizon)):
-            interpreter.hand_out(interpreter.lane_of[(self.k, group)], units)
+        walked = self.schedule.walk_all(self.positions, entries.entered, released, horizon)
+        for lane, units in zip(self.lanes, walked):
+            interpreter.hand_out(lane, units)
+        return range(first, self.numbered), [len(units) for units in walked]
+
+    def retire(self) -> None:
+        """The oldest iteration retires (the caller's; its next hand-out follows with ``step``)."""
+        self.entries.retire(self.retired)
+        self.retired += 1
 
     def caller_runs(self, head: Unit[int]) -> bool:
         """Whether the caller's group runs ``head`` before this progress() call retires the oldest iteration."""
         return self.schedule.runs_before_retire(head[0], head[1], self.caller_through)
 
-    def retire(self) -> bool:
-        """Retire the oldest iteration if all its units ran and the caller runs nothing more first."""
-        if self.retired >= self.num_batches or not self.interpreter.iteration_done(self.k, self.retired):
+    def may_retire(self, num_batches: int) -> bool:
+        """Whether the oldest iteration retires now: all its units ran, and the caller runs nothing more first."""
+        if self.retired >= num_batches or not self.interpreter.iteration_done(self.k, self.retired):
             return False
         if self.caller_lane is not None:
             head = self.interpreter.head(self.caller_lane)
             if head is not None and self.caller_runs(head):  # progress() runs its units first, then retires
                 return False
-        self.entries.retire(self.retired)
-        self.retired += 1
-        self.rule.after_retire(self.entries, self.fetch)
-        self.hand_out()
         return True
 
     def standstill(self) -> Standstill:
         return Standstill(self.k, self.positions, self.rule.released(self.entries),
                           self.entries.horizon(self.schedule.depth), self.caller_group, self.caller_through)
+
+
+def _counter(num_batches: int) -> Fetch[int]:
+    """Draws iterations 0, 1, ... up to ``num_batches`` (None after)."""
+    drawn = iter(range(num_batches))
+    return lambda: next(drawn, None)
 
 
 class PaperRun:
@@ -144,7 +162,8 @@ class PaperRun:
                  together: Iterable[Tuple[UnitRef, UnitRef]] = ()) -> None:
         names = [spec.name or f"schedule {k}" for k, spec in enumerate(engines)]
         self.interpreter = Interpreter([spec.schedule for spec in engines], cross, together, names)
-        self.engines = [_Engine(k, spec, self.interpreter, num_batches) for k, spec in enumerate(engines)]
+        self.engines = [PaperEngine(k, spec, self.interpreter, _counter(num_batches))
+                        for k, spec in enumerate(engines)]
         self.num_batches = num_batches
         self._by_lane = {lane: self.engines[k] for lane, k in enumerate(self.interpreter.lane_schedule)}
 
@@ -155,14 +174,17 @@ class PaperRun:
     def run(self) -> None:
         """Fill every engine, then run, retire and hand out until every batch retired; ScheduleError if stuck."""
         for engine in self.engines:
-            engine.rule.fill(engine.entries, engine.fetch)
-            engine.hand_out()
+            for _ in range(engine.rule.fill_steps):
+                engine.step()
         while any(engine.retired < self.num_batches for engine in self.engines):
             for engine in self.engines:
                 engine.caller_through = engine.rule.caller_through(engine.entries)
             moved = self.interpreter.run(self._may_run) > 0
             for engine in self.engines:
-                moved = engine.retire() or moved
+                if engine.may_retire(self.num_batches):
+                    engine.retire()
+                    engine.step()
+                    moved = True
             if not moved:
                 raise self._stuck()
 

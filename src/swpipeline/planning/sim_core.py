@@ -74,6 +74,7 @@ class Simulation:
         self.units = Interpreter([compiled.schedule])
         self.handout = TimedHandOut(compiled, self.units, engine, max_live, num_iterations, overheads, data_seconds)
         groups = len(compiled.groups)
+        self.workers = groups - (caller_group is not None)  # worker threads
         self.free = [0.0] * groups
         self.last_unit = [-1] * groups  # the key of the group's previous unit
         self.stream_free = [0.0] * len(compiled.streams)
@@ -157,9 +158,8 @@ class Simulation:
         o = self.o
         kind, arg = self.actions[self.pc]
         begin, cause = self.t, (CALLER, self.pc - 1)
-        workers = len(self.c.groups) - (self.caller_group is not None)
         if kind == START:
-            self.t += o.thread_start * workers
+            self.t += o.thread_start * self.workers
         elif kind in (RELEASE_PERIOD, TOPUP):
             self.t = self.handout.hand_out(self.t, self.pc)
         elif kind == CALLER_UNITS:
@@ -181,9 +181,9 @@ class Simulation:
                 self.t, cause = self.iter_end[arg] + o.wake, (DEP, self.iter_last[arg])
             self.t += o.retire
             self.retired_at[arg], self.retired = self.t, self.retired + 1
-            self.handout.entries.retire(arg)
+            self.handout.engine.retire()  # (iteration arg: iterations retire in order)
         else:
-            self.t += o.thread_stop * workers
+            self.t += o.thread_stop * self.workers
         self.action_time.append((begin, self.t))
         self.action_cause.append(cause)
         self.pc += 1
@@ -254,22 +254,28 @@ class Simulation:
         """When group ``g``'s next unit can start: ``(start, picked, cause, cause_ref)``, or None while the
         interpreter says it cannot run yet (see the module docstring)."""
         units = self.units
-        if not units.can_run(g):
-            return None
         h = units.heads[g]
         period, slot, it = units.lanes[g][h]
-        task, wake, end = slot.index, self.o.wake, self.end
+        task = slot.index
+        key = it * self.n + task
+        if not units.waits_met(0, task, it, key):  # (the interpreter's can_run, for a head known here)
+            return None
+        wake, end = self.o.wake, self.end
         if on_caller:  # the caller runs it: after its previous unit, or after the caller's last action
             prev = self.last_unit[g]
             t, why, ref = (free, THREAD, prev) if prev >= 0 and end[prev] == free else (free, CALLER, self.pc - 1)
         else:
-            released, action = self.handout.handed_out(g, h)
+            batches, k = self.handout.batches[g], self.handout.read[g]  # when unit h was handed out
+            while batches[k][0] <= h:
+                k += 1
+            self.handout.read[g] = k
+            _, released, action = batches[k]
             if free >= released:
                 t, why, ref = free, THREAD, self.last_unit[g]
             else:
                 t, why, ref = released + wake, RELEASE, action
         t += self.o.unit
-        picked, key = t, it * self.n + task
+        picked = t
         for offset, back in units.deps[0][task]:  # the interpreter's own list of what the unit waits for
             if it >= back:
                 e = end[key + offset]
@@ -289,14 +295,12 @@ class Simulation:
         return t, picked, why, ref
 
     def _commit(self, g: int, on_caller: bool, t: float, picked: float, why: int, ref: int) -> float:
-        """Record group ``g``'s next unit as starting at ``t``; returns its end."""
-        _, slot, it = self.units.lanes[g][self.units.heads[g]]
-        task = slot.index
-        key = it * self.n + task
+        """Record group ``g``'s next unit as starting at ``t``, run on paper; returns its end."""
+        key = self.units.run_head(g)
+        it, task = divmod(key, self.n)
         finish = t + self.costs[task][it]
         self.start[key], self.end[key], self.picked[key] = t, finish, picked
         self.cause[key], self.cause_ref[key] = why, ref
-        self.units.run_head(g)
         if self.device:
             self._run_on_device(task, it, t, finish)
         if on_caller:

@@ -13,11 +13,11 @@ are numbered) and the critical path reads back.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from ..engine.interpreter import Interpreter
-from ..engine.release import Entries, rule_of
-from ..engine.schedule import Position
+from ..engine.paper import OnPaper, PaperEngine
+from ..engine.release import rule_of
 from .overheads import EngineOverheads
 from .sim_model import CompiledPlan
 
@@ -25,21 +25,22 @@ __all__: List[str] = []
 
 
 class TimedHandOut:
-    """One simulated run's hand-out: entries on paper, each lane's hand-outs and each period's numbering, timed."""
+    """One simulated run's hand-out: the engine's on paper (``paper.PaperEngine``), each lane's hand-outs and each
+    period's numbering timed."""
 
     def __init__(self, compiled: CompiledPlan, interpreter: Interpreter, engine: str, max_live: int,
                  num_iterations: int, overheads: EngineOverheads, data_seconds: float) -> None:
         self.compiled, self.interpreter, self.num_iterations = compiled, interpreter, num_iterations
         self.period_cost, self.data_seconds = overheads.period, data_seconds
-        self.rule = rule_of(engine, compiled.depth, max_live)  # the engine's own release rule (release.py)
-        self.entries: Entries[int] = Entries()  # which iteration entered in which period, on paper
-        self.positions: Dict[str, Position] = {group: (0, 0) for group in compiled.groups}  # (Schedule.walk)
-        self.fill_steps_done = 0
+        # the engine's own release rule (release.py), applied to paper entries as the engine applies it
+        self.engine = PaperEngine(0, OnPaper(compiled.schedule, rule_of(engine, compiled.depth, max_live)),
+                                  interpreter, self._fetch)
         self.created = 0
         self.created_at = [0.0] * num_iterations
         self.known_at: List[float] = []  # when each period's turns were numbered
         self.known_by: List[int] = []  # ... and by which caller action
         # per lane: (units handed out so far, time, caller action) after each hand-out, and the one read last
+        # (the threads read when their unit h was handed out: the first entry whose count passes h)
         self.batches: List[List[Tuple[int, float, int]]] = [[] for _ in compiled.groups]
         self.read: List[int] = [0] * len(compiled.groups)
         self._clock = 0.0
@@ -47,28 +48,16 @@ class TimedHandOut:
     def hand_out(self, clock: float, action: int) -> float:
         """A step of the fill, or what follows a retirement (the clock: one tick; the data-flow engine: a top-up),
         by caller action ``action`` starting at ``clock``; returns the caller's clock after it."""
-        rule, entries, created = self.rule, self.entries, self.created
-        self._clock = clock
-        if self.fill_steps_done < rule.fill_steps:
-            rule.fill_step(entries, self._fetch)
-            self.fill_steps_done += 1
-        else:
-            rule.after_retire(entries, self._fetch)
+        self._clock, created = clock, self.created
+        numbered, handed = self.engine.step()  # (drawing takes time: _fetch)
         if self.created == created:
             self._clock += self.period_cost  # handing out without a new batch
-        released, horizon = rule.released(entries), entries.horizon(self.compiled.depth)
-        known = min(*released, horizon)  # (through_period, decided)
-        interpreter, known_at = self.interpreter, self.known_at
-        while len(known_at) <= known:
-            interpreter.number(0, len(known_at), entries.entered)
-            known_at.append(self._clock)
+        for _ in numbered:
+            self.known_at.append(self._clock)
             self.known_by.append(action)
-        walked = self.compiled.schedule.walk_all(self.positions, entries.entered, released, horizon,
-                                                 self.compiled.groups)
-        for g, units in enumerate(walked):
-            if units:
-                interpreter.hand_out(g, units)
-                self.batches[g].append((len(interpreter.lanes[g]), self._clock, action))
+        for g, count in enumerate(handed):  # (the schedule's lanes are the simulator's groups, in order)
+            if count:
+                self.batches[g].append((len(self.interpreter.lanes[g]), self._clock, action))
         return self._clock
 
     def _fetch(self) -> Optional[int]:
@@ -80,19 +69,11 @@ class TimedHandOut:
         self.created_at[it], self.created = self._clock, it + 1
         return it
 
-    def handed_out(self, g: int, h: int) -> Tuple[float, int]:
-        """When unit ``h`` of lane ``g`` was handed out, and by which caller action (units are read in order)."""
-        batches, k = self.batches[g], self.read[g]
-        while batches[k][0] <= h:
-            k += 1
-        self.read[g] = k
-        return batches[k][1], batches[k][2]
-
     def caller_upto(self, g: int) -> int:
         """How far the caller's group ``g`` runs in one ``progress()`` call, of what was handed out: up to the
         last-stage units of the rule's ``caller_through``, the oldest iteration's last period
         (``Schedule.runs_before_retire``)."""
-        last, cut = self.rule.caller_through(self.entries), self.compiled.schedule.retire_cut
+        last, cut = self.engine.rule.caller_through(self.engine.entries), self.compiled.schedule.retire_cut
         units, h = self.interpreter.lanes[g], self.interpreter.heads[g]
         handed = len(units)
         # Schedule.runs_before_retire, written out: this runs once per unit of every simulated candidate
