@@ -1,4 +1,4 @@
-"""Schedule.check runs a schedule on paper under an engine's release rule, and rejects one that would get stuck."""
+"""paper.check runs a schedule on paper under an engine's release rule, and rejects one that would get stuck."""
 
 from __future__ import annotations
 

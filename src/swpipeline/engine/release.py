@@ -20,11 +20,11 @@ an iteration entered there, or none ever will (a *gap*)::
 
 A step without a batch (``progress(None)``, ``drain()``) decides the entries up to the
 next iteration's last period as gaps, on both engines, so that every group's order
-reaches that iteration's units. With no gaps (the paper runs of ``Schedule.check`` and
+reaches that iteration's units. With no gaps (the paper runs of ``paper.check`` and
 the simulator) iteration ``i`` enters in period ``i``.
 
-The engines (``handout.HandOut``), ``Schedule.check`` and the simulator all ask these
-objects, so a rule changes in one place.
+The engines (``handout.HandOut``) and the paper runs (``paper.PaperEngine``: the deadlock
+check and the simulator) all ask these objects, so a rule changes in one place.
 """
 
 from __future__ import annotations
@@ -127,8 +127,8 @@ class ReleaseRule:
     def retired(self, entries: Entries[T], oldest: Optional[int], fetch: Optional[Fetch[T]]) -> Released:
         """What the engines do once per iteration, in one call: ``oldest`` retires (None: it did already), the
         rule draws what comes next (``after_retire``), and how far every order may now be handed out. Each rule
-        writes it out in one function, since it runs once per iteration; ``after_retire`` (``Schedule.check``,
-        the simulator) is this same function."""
+        writes it out in one function, since it runs once per iteration; ``after_retire`` (``paper.PaperEngine``,
+        on paper) is this same function."""
         raise NotImplementedError
 
     def caller_through(self, entries: Entries[T]) -> int:
