@@ -585,7 +585,7 @@ def test_repr_shows_the_device_asked_for_and_the_one_used_when_they_differ(engin
     assert repr(make(device="cpu")).startswith(f"{engine}(device=cpu, ")
     assert repr(make(device=torch.device("cpu"))).startswith(f"{engine}(device=cpu, ")
     assert repr(make()).startswith(f"{engine}(device=cpu, ")  # nothing asked: the one used
-    monkeypatch.setattr("swpipeline.engine.pipeline.resolve_device", lambda spec: FakeAccelerator())
+    monkeypatch.setattr("swpipeline.engine.parts.resolve_device", lambda spec: FakeAccelerator())
     assert repr(make(device=0)).startswith(f"{engine}(device=0, ")  # asked and used are the same
     assert repr(make(device="cuda:0")).startswith(f"{engine}(device=cuda:0, ")
 

@@ -221,7 +221,7 @@ def test_without_the_batch_event_the_model_reports_the_unordered_read(engine: st
     def draw_without_event(self: Any, data_iter: Iterator[Any], idx: int) -> Any:
         return self.device.fetch(self.device.caller_stream(), data_iter, idx)
 
-    monkeypatch.setattr("swpipeline.engine.run.Run._fetch_on_device", draw_without_event)
+    monkeypatch.setattr("swpipeline.engine.feed.Feed._draw_on_device", draw_without_event)
     device = SimulatedDevice(behind_host=True)
     make(engine, prep_on_a_side_stream({}), device).run(batches_made_while_drawn(4))
     assert device.hazards == [

@@ -139,7 +139,7 @@ def test_swallowed_exceptions_are_told_apart_by_whose_code_swallowed_them() -> N
     import weakref
 
     from swpipeline import errors
-    from swpipeline.engine import pipeline as base
+    from swpipeline.engine import parts as base
 
     def swallowed(obj: Any, tb: Any = None) -> Any:
         return types.SimpleNamespace(object=obj, exc_traceback=tb, err_msg=None)

@@ -10,7 +10,8 @@ import pytest
 
 from engine_helpers import swp_threads
 from swpipeline import DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
-from swpipeline.engine.run import ABANDONED, FAILED, FINISHED, HELD, RUNNING, Run
+from swpipeline.engine.run import Run
+from swpipeline.engine.run_state import ABANDONED, FAILED, FINISHED, HELD, RUNNING
 
 
 def two_groups(work_a, work_b):  # type: ignore[no-untyped-def]
@@ -47,14 +48,14 @@ def test_a_transition_the_life_cycle_does_not_draw_is_refused() -> None:
     pipe.fill_pipeline(range(2))
     run: Run = pipe._run
     with pytest.raises(RuntimeError, match="a run cannot go from running to running"):
-        run.move(RUNNING)
-    run.hold(0, None)
+        run.life.move(RUNNING)
+    run.life.hold(0, False)
     with pytest.raises(RuntimeError, match="a run cannot go from held to finished"):
-        run.move(FINISHED)  # a held run has an iteration retired but not followed up: it cannot just finish
+        run.life.move(FINISHED)  # a held run has an iteration retired but not followed up: it cannot just finish
     assert run.state is HELD
     pipe.abandon()
     assert run.state is ABANDONED
-    assert run.move(FAILED) is False and run.state is ABANDONED  # an ended run stays as it ended
+    assert run.life.move(FAILED) is False and run.state is ABANDONED  # an ended run stays as it ended
     assert swp_threads() == []
 
 

@@ -1,4 +1,4 @@
-"""Schedule.check runs a schedule on paper under an engine's release rule, and rejects one that would get stuck."""
+"""paper.check runs a schedule on paper under an engine's release rule, and rejects one that would get stuck."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 
 from swpipeline import DataFlowPipeline, PipelinePlan, PipelineTask, SharedStreamWarning, SWPipeline, TaskSchedule
 from swpipeline.engine.release import ALL, ClockRule, DataFlowRule, Entries
-from swpipeline.engine.schedule import Schedule, ScheduleError
+from swpipeline.engine.paper import ScheduleError, check
+from swpipeline.engine.schedule import Schedule
 
 
 def noop(ctx: object) -> None:
@@ -38,9 +39,9 @@ def test_the_callers_limit_is_what_keeps_the_data_flow_engine_from_getting_stuck
     # run before retiring iteration 0, it would wait for B(1), which waits for the caller: stuck.
     schedule = SWPipeline(caller_plan(), device="cpu")._schedule
     for batches in (1, 2, 5):
-        schedule.check(DataFlowRule(2, 2), batches, caller_group="c")
+        check(schedule, DataFlowRule(2, 2), batches, caller_group="c")
     with pytest.raises(ScheduleError) as stuck:
-        schedule.check(NoCallerLimit(2, 2), 5, caller_group="c")
+        check(schedule, NoCallerLimit(2, 2), 5, caller_group="c")
     assert stuck.value.blocked == ("thread group 'w' waits to run A of iteration 2, which has not started; thread "
                                    "group 'c' waits to run S of iteration 1, which waits for B of iteration 1")
     DataFlowPipeline(caller_plan(), max_depth=2, device="cpu", caller_thread_group="c").run(range(5))
@@ -50,11 +51,11 @@ def test_an_order_that_puts_a_consumer_before_its_producer_is_rejected() -> None
     a, b = PipelineTask("A", noop), PipelineTask("B", noop)
     plan = PipelinePlan({a: TaskSchedule(stage=0), b: TaskSchedule(stage=0)}, intra_iter_deps=[(b, a)])
     good = SWPipeline(plan, device="cpu")._schedule
-    good.check(ClockRule(1), 3)
+    check(good, ClockRule(1), 3)
     reversed_lanes = {group: tuple(reversed(slots)) for group, slots in good.lanes.items()}
     bad = dataclasses.replace(good, lanes=reversed_lanes)  # thread group 'default' would run B before A
     with pytest.raises(ScheduleError) as stuck:
-        bad.check(ClockRule(1), 3)
+        check(bad, ClockRule(1), 3)
     assert stuck.value.blocked == ("thread group 'default' waits to run B of iteration 0, which waits for A of "
                                    "iteration 0")
     assert str(stuck.value).startswith("with 3 batches the schedule gets stuck after retiring 0 iteration(s): "
@@ -71,8 +72,8 @@ def test_a_max_depth_too_small_is_found_on_paper_for_the_exact_batch_count() -> 
     schedule: Schedule = SWPipeline(plan, device="cpu")._schedule
     for batches in (1, 3):
         with pytest.raises(ScheduleError, match="'g' waits to run A of iteration 1, which has not started"):
-            schedule.check(DataFlowRule(3, 1), batches)
-    schedule.check(DataFlowRule(3, 2), 3)
+            check(schedule, DataFlowRule(3, 1), batches)
+    check(schedule, DataFlowRule(3, 2), 3)
 
 
 def test_a_unit_that_takes_turns_is_handed_out_only_once_its_period_is_decided() -> None:

@@ -20,7 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from engine_helpers import ExecLog, make_plan, valid_plans
 from swpipeline import DataFlowPipeline, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
 from swpipeline.engine.release import ALL, ClockRule, DataFlowRule, Entries, Released
-from swpipeline.engine.schedule import Schedule, ScheduleError
+from swpipeline.engine.paper import ScheduleError, check
+from swpipeline.engine.schedule import Schedule
+from swpipeline.engine.interpreter import Interpreter
 from swpipeline.engine.stuck import Standstill, blocked
 
 pytestmark = pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning")
@@ -62,7 +64,7 @@ def schedule_of(spec: Dict[str, Tuple[int, Any, str]], intra: Sequence[Tuple[str
 
 def stuck_text(schedule: Schedule, rule: Any, num_batches: int, caller_group: Optional[str] = None) -> str:
     with pytest.raises(ScheduleError) as stuck:
-        schedule.check(rule, num_batches, caller_group)
+        check(schedule, rule, num_batches, caller_group)
     assert str(stuck.value).startswith(f"with {num_batches} batches the schedule gets stuck after retiring ")
     assert f": {stuck.value.blocked}\nP0: " in str(stuck.value)
     return stuck.value.blocked
@@ -127,7 +129,7 @@ def test_every_stuck_order_of_a_random_plan_says_what_each_group_waits_for(shape
     for live in range(1, schedule.depth):
         for num_batches in sorted({1, schedule.depth, 2 * schedule.depth + live + 1}):
             try:
-                schedule.check(DataFlowRule(schedule.depth, live), num_batches)
+                check(schedule, DataFlowRule(schedule.depth, live), num_batches)
             except ScheduleError as stuck:
                 assert stuck.blocked  # every clause names a group, a unit and a known reason
                 assert set(kinds_of(stuck.blocked)) <= {"dependency", "not started", "turn fixed later", "behind"}
@@ -184,9 +186,10 @@ def test_a_turn_not_fixed_is_named() -> None:
     # clock at A of period 0 (no iteration), and A of iteration 0, in period 1, is past the clock too
     schedule = schedule_of({"A": (1, "s", "g"), "B": (0, "s", "h"), "C": (1, None, "h")})
     slot = {s.task: s for s in schedule.slots}
-    state = Standstill(queues={"g": [], "h": [(0, slot["B"], 0)]}, heads={"g": 0, "h": 0},
-                       positions={"g": (0, 0), "h": (1, 0)}, done=set(), turn_orders={}, turn={},
-                       released=(0, ALL), horizon=ALL, caller_group=None, caller_through=ALL)
-    assert blocked(schedule, state) == (
+    interpreter = Interpreter([schedule])
+    interpreter.hand_out(interpreter.lane_of[(0, "h")], [(0, slot["B"], 0)])
+    state = Standstill(0, positions={"g": (0, 0), "h": (1, 0)}, released=(0, ALL), horizon=ALL, caller_group=None,
+                       caller_through=ALL)
+    assert blocked(interpreter, [state]) == (
         "thread group 'g' waits to run A of iteration 0, and the clock has not reached period 1; thread group 'h' "
         "waits to run B of iteration 0, whose turn on stream 's' is not fixed yet")

@@ -16,7 +16,7 @@ from the plan; the clock is the engine's release rule (``release.ClockRule``), a
 ``handout.HandOut`` hands each thread group its units of the released periods, in its
 order. Periods in which nothing runs (after ``progress(None)``, before the first batch
 reaches a stage, after the last batch) cost nothing. Why this cannot deadlock is
-written in ``handout``; ``Schedule.check`` also runs the schedule on paper at
+written in ``handout``; ``paper.check`` also runs the schedule on paper at
 construction, with the caller's thread group.
 
 The step boundary (``progress(advance=False)``): every unit of the periods released so
@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Iterable, List, Optional, Union
 
 from ..plan import ordering
+from . import paper
 from .pipeline import _PipelineBase
 from ..devices.device import DeviceSpec
 from ..plan.model import PipelinePlan
@@ -87,21 +88,16 @@ class SWPipeline(_PipelineBase):
                  worker_init: Optional[Callable[[str], None]] = None,
                  caller_thread_group: Optional[str] = "auto", check_races: bool = False,
                  free_early: Union[bool, PlanAnalysis] = False, keep: Iterable[str] = ()) -> None:
-        if not isinstance(plan, PipelinePlan):
-            raise TypeError(f"plan must be a PipelinePlan, got {type(plan).__name__}")
-        self.depth: int = plan.depth
-        self._rule = ClockRule(self.depth)
-        super().__init__(plan, self.depth, device, signal_timeout=signal_timeout,
+        super().__init__(plan, ClockRule, device, signal_timeout=signal_timeout,
                          progress_timeout=progress_timeout, join_timeout=join_timeout, worker_init=worker_init,
                          check_races=check_races, free_early=free_early, keep=keep,
                          caller_thread_group=caller_thread_group)
+        self.depth: int = self.plan.depth
         callers = dict.fromkeys([None, self._run_caller_group, self._fill_caller_group])  # every way it can run
         for caller_group in callers:
             for num_batches in sorted({1, self.depth, 2 * self.depth + 1}):
-                self._schedule.check(self._rule, num_batches, caller_group)
+                paper.check(self._schedule, self._rule, num_batches, caller_group)
         self._enqueue_order = [self._by_name[s.task] for s in self._schedule.slots]
-
-    _yield_after_hand_out = True
 
     # -- inspection ---------------------------------------------------------------------------
 

@@ -20,12 +20,12 @@ What a unit waits for, when it is handed out, the steps without a batch
 (``progress(None)``, ``drain()``), the caller's thread group and why none of it can
 deadlock are written once for both engines: the release rule in ``release.py``
 (``DataFlowRule``), the hand-out and the deadlock argument in ``handout.py``. A smaller
-``max_depth`` than the depth is accepted only if ``Schedule.check`` runs the plan to the
+``max_depth`` than the depth is accepted only if ``paper.check`` runs the plan to the
 end with it.
 
 The step boundary (``progress(advance=False)``, see ``base``) waits for the units handed
 out that do not wait, directly or through others, on a unit not handed out
-(``Schedule.settle`` finds them on paper: they are what runs if nothing more is handed
+(``paper.settle`` finds them on paper: they are what runs if nothing more is handed
 out, whatever the timing). That includes later iterations' units the engine ran ahead
 on, within the live contexts; the caller's group has run the oldest iteration's last
 period (a held step runs the whole of it) and runs nothing in between.
@@ -33,13 +33,14 @@ period (a held step runs the whole of it) and runs nothing in between.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Callable, Iterable, List, Optional, Union
 
 from .pipeline import _PipelineBase
 from ..devices.device import DeviceSpec
 from ..plan.model import PipelinePlan
 from .release import DataFlowRule
-from .schedule import ScheduleError
+from .paper import ScheduleError, check
 
 if TYPE_CHECKING:
     from ..analysis.report import PlanAnalysis  # free_early=analyze(...): a type the engine never imports
@@ -79,11 +80,9 @@ class DataFlowPipeline(_PipelineBase):
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
             raise ValueError(f"max_depth must be an int >= 1 (the most iterations in flight), got {max_depth!r}")
         self.max_depth = max_depth
-        if not isinstance(plan, PipelinePlan):
-            raise TypeError(f"plan must be a PipelinePlan, got {type(plan).__name__}")
-        self._rule = DataFlowRule(plan.depth, max_depth)
-        super().__init__(plan, max_depth, device, signal_timeout=signal_timeout, progress_timeout=progress_timeout,
-                         join_timeout=join_timeout, worker_init=worker_init, check_races=check_races,
+        super().__init__(plan, functools.partial(DataFlowRule, max_live=max_depth), device,
+                         signal_timeout=signal_timeout, progress_timeout=progress_timeout, join_timeout=join_timeout,
+                         worker_init=worker_init, check_races=check_races,
                          free_early=free_early, keep=keep, caller_thread_group=caller_thread_group)
         self._check_max_depth()
 
@@ -95,7 +94,7 @@ class DataFlowPipeline(_PipelineBase):
             try:
                 for caller_group in callers if live >= depth else [None]:
                     for num_batches in sorted({1, depth, 2 * depth + live + 1}):
-                        self._schedule.check(DataFlowRule(depth, live), num_batches, caller_group)
+                        check(self._schedule, DataFlowRule(depth, live), num_batches, caller_group)
             except ScheduleError as stuck:
                 return stuck
             return None
@@ -111,14 +110,6 @@ class DataFlowPipeline(_PipelineBase):
                 f"interleave), and that order needs {need} iterations alive at once ({stuck.blocked}); use "
                 f"max_depth >= {need}, or lower the stages"
             )
-
-    def _caller_group_refusal(self) -> Optional[str]:
-        depth = self._schedule.depth
-        if not self._rule.allows_caller_group:
-            return (f"a thread group on the caller's thread needs max_depth >= the plan's depth ({depth}), got "
-                    f"max_depth={self.max_depth}: with fewer live iterations its units could wait for work the "
-                    f"caller hands out only after retiring an iteration; raise max_depth or pass None")
-        return None
 
     # -- inspection ---------------------------------------------------------------------------
 

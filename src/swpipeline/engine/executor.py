@@ -88,7 +88,7 @@ def make_unit_runner(board: "CompletionBoard", device: Device, launch: Launch, t
     """The unit executor of one run (see the module docstring); ``tasks[slot.index]`` is a unit's task.
 
     ``batch_events[i % event_slots]`` is recorded on stream ``batch_streams[i % event_slots]``
-    after the caller drew iteration ``i``'s batch (``Run.fetch``), a stream of None meaning
+    after the caller drew iteration ``i``'s batch (``feed.Feed.draw``), a stream of None meaning
     that no task needs to wait for it.
     """
     done = board.done

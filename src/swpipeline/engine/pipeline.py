@@ -1,16 +1,12 @@
 """_PipelineBase: the life cycle both engines share, driving one ``Run`` per fill.
 
-An engine supplies its release rule (``_rule``, see ``release.py``): when a unit is
-handed to its worker. ``handout.HandOut`` applies it for each run. Everything else is
-here or in the modules this one composes:
-
-* ``run.py``: the state of one fill (board, turns, events, workers, contexts,
-  failure, stopping within one join budget), and the stragglers of ended runs;
-* ``executor.py``: one unit of work, the two-phase protocol;
-* ``driving.py``: who may drive a pipeline (one thread at a time, never a task of it);
-* ``shutdown.py``: runs nobody stopped, at exit and on garbage collection;
-* the public API's other facets, mixed in: ``serial.py`` (the serial baseline),
-  ``shortcut.py`` (shortcut settings), ``tracing.py`` (timelines, statistics).
+An engine passes its release rule in (``release.py``: when a unit is handed to its
+worker). What a pipeline is made of, and the public methods of its parts (the serial
+baseline, shortcut settings, tracing), are ``parts._PipelineParts``'s; a run is made by
+``assemble.py`` and lives in ``run.py`` and its parts. What is left here is the life
+cycle: fill, progress, advance, drain, abandon, run, each a driving call (``driving.py``:
+one thread at a time, never a task of its own), and the runs nobody stopped
+(``shutdown.py``).
 
 Any exception that leaves a driving call while iterations are in flight ends the
 run: its iterations are abandoned (not drained) and its workers joined before the
@@ -21,7 +17,7 @@ so what the caller's frames hold is freed when the caller drops the exception.
 
 The step boundary. ``progress(it, advance=False)`` retires iteration k, then waits until
 every unit already handed out that can run without more being handed out has returned
-(``HandOut.boundary``), and returns; nothing is handed out until ``advance()``. So in
+(``Run.settle``), and returns; nothing is handed out until ``advance()``. So in
 between no task runs: a unit not waited for waits, directly or through others, for a
 unit not handed out (the boundary is the fixpoint of "its dependencies, its thread
 group's earlier units and its turns are done or will be"), and only ``advance()`` hands
@@ -33,175 +29,39 @@ the units of later iterations it ran ahead on (``dataflow.py``).
 from __future__ import annotations
 
 import contextlib
-import functools
-import math
-import threading
 import time
-from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Iterator, List, NoReturn, Optional,
-                    Tuple, Union, cast)
+from typing import Any, Iterable, Iterator, List, NoReturn, Optional
 
-import torch
-
-from ..plan import ordering
 from . import shutdown
-from .hooks import hooks_for
 from ..devices.annotations import resolve_emit_nvtx
-from ..devices.device import Device, DeviceSpec, resolve_device
-from .driving import DriverSeat, Occupancy, driving
-from .executor import Launch, RunBatch, bare_functions, make_batch_runner, make_launches, make_unit_runner, traced
-from .handout import HandOut
-from .lifetime import EarlyFree
-from .modes import Modes, device_types
-from ..plan.model import IterContext, PipelinePlan
 from ..observe.progress_line import ProgressLine, len_or_none
-from .run import ABANDONED, FAILED, FINISHED, HELD, Run, RunState, Stragglers
-from ..errors import SharedStreamWarning, warn_caller
-from .runtime import bind_run, build_tasks, run_default_stream, shared_stream_message, shared_streams
-from .release import ReleaseRule
-from .schedule import Schedule
-from .serial import SerialBaseline
-from ..shortcut.replay import ShortcutSettings
-from ..observe.stats import RunStats
-from ..observe.timeline import Timeline, parse_trace
-from .tracing import Tracing
-from .worker import enter_worker_thread
-
-if TYPE_CHECKING:
-    from ..analysis.report import PlanAnalysis  # free_early=analyze(...): a type the engine never imports
+from ..observe.timeline import parse_trace
+from ..plan.model import IterContext
+from .assemble import assemble_run
+from .driving import driving
+from .modes import Modes
+from .parts import _PipelineParts
+from .run import Run
+from .run_state import ABANDONED, FAILED, FINISHED, HELD, RUNNING, RunState
 
 __all__: List[str] = []
 
-def _data_source(data_iter: object) -> Iterator[Any]:
-    """``data_iter`` if it is an iterator; a TypeError otherwise (an iterable would start over on every call)."""
-    if not callable(getattr(type(data_iter), "__next__", None)):
-        raise TypeError(f"progress(): data_iter must be an iterator (the one fill_pipeline() returned) or None, "
-                        f"got a {type(data_iter).__name__}: an iterable that is not an iterator would give its "
-                        f"first batch again on every call; pass the iterator fill_pipeline(data) returned "
-                        f"(nothing was retired or fetched)")
-    return cast(Iterator[Any], data_iter)
 
-
-def _seconds(name: str, value: object) -> float:
-    """A timeout argument: a finite number of seconds > 0 (at most threading.TIMEOUT_MAX)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a finite number of seconds > 0, got {type(value).__name__} {value!r}")
-    if not math.isfinite(value) or value > threading.TIMEOUT_MAX:
-        raise ValueError(f"{name} must be a finite number of seconds > 0 (at most {threading.TIMEOUT_MAX:g}), got "
-                         f"{value!r}: a wait without end could not be told from a hang; use a large finite value")
-    if value <= 0:
-        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-    return float(value)
-
-
-class _PipelineBase:
-    """Shared infrastructure of the pipeline engines (see the module docstring)."""
-
-    def __init__(self, plan: PipelinePlan, num_slots: int, device: DeviceSpec = None, *,
-                 signal_timeout: float = 30.0, progress_timeout: float = 60.0, join_timeout: float = 10.0,
-                 worker_init: Optional[Callable[[str], None]] = None, check_races: bool = False,
-                 free_early: Union[bool, PlanAnalysis] = False, keep: Iterable[str] = (),
-                 caller_thread_group: Optional[str] = "auto") -> None:
-        if not isinstance(plan, PipelinePlan):
-            raise TypeError(f"plan must be a PipelinePlan, got {type(plan).__name__}")
-        if not isinstance(check_races, bool):
-            raise TypeError(f"check_races must be True or False, got {check_races!r}")
-        self.signal_timeout = _seconds("signal_timeout", signal_timeout)
-        self.progress_timeout = _seconds("progress_timeout", progress_timeout)
-        self.join_timeout = _seconds("join_timeout", join_timeout)
-        if worker_init is not None and not callable(worker_init):
-            raise TypeError(f"worker_init must be a callable taking the thread group name, got {worker_init!r}")
-        self.plan = plan
-        self.worker_init = worker_init
-        self._device_asked = device
-        self.device = resolve_device(device)
-        self._mode_types = device_types(self.device.device_type)  # whose autocast state to carry to workers
-        self._event_slots = num_slots + plan.reach  # see runtime.bind_run: inter consumers lag up to reach
-        ordering.validate_stages(plan)
-        self._tasks = build_tasks(plan, self.device)
-        shared = shared_streams(self._tasks)
-        if shared:
-            warn_caller(shared_stream_message(shared), SharedStreamWarning)
-        self._schedule = Schedule.build(plan, {t.name: t.stream_label for t in self._tasks},
-                                        {t.name: t.stream for t in self._tasks})
-        self._by_name = {t.name: t for t in self._tasks}
-        self._serial_order = [self._by_name[n] for n in ordering.serial_order(plan)]
-        self._groups = list(dict.fromkeys(t.group for t in self._tasks))
-        hooks = hooks_for(plan, check_races=check_races, free_early=free_early, keep=keep)
-        self._race_checker = hooks.race_checker  # check_races=True: its warnings
-        self._free_uses = hooks.free_uses
-        # the pipeline's parts: its shortcut settings, its serial baseline, its tracing
-        self._shortcut = ShortcutSettings(self._tasks, hooks.task_wrapper)  # (no part refers back to the pipeline)
-        self._serial = SerialBaseline(self._serial_order, self.device, self._shortcut.label, type(self).__name__)
-        self._tracing = Tracing(self.device, type(self).__name__, self._serial.names)
-        # a thread group run by the thread that drives the pipeline: in every fill / in run()
-        self._fill_caller_group, self._run_caller_group = self._caller_groups(caller_thread_group)
-        self._run: Optional[Run] = None  # the current fill (None: idle)
-        self._peak_live_contexts = 0
-        self._stragglers = Stragglers()  # threads of ended runs that were still in a task
-        self._seat = DriverSeat()
-        self._nvtx = False  # NVTX ranges for the run in progress (run(emit_nvtx=True))
+class _PipelineBase(_PipelineParts):
+    """The life cycle both engines share (see the module docstring); what a pipeline is made of, and the public
+    methods of its parts, are ``parts._PipelineParts``'s."""
 
     # -- the run's life cycle ------------------------------------------------------------------
 
-    _rule: ReleaseRule  # the engine's release rule (set by the engine's constructor)
-    _yield_after_hand_out = False  # let a worker just handed work take the GIL at once (see handout)
-
-    def _caller_groups(self, value: object) -> Tuple[Optional[str], Optional[str]]:
-        """``caller_thread_group`` as (the group on the caller's thread in every fill, the one in ``run()``)."""
-        if value == "auto":
-            auto = self.worker_init is None and self._caller_group_refusal() is None
-            return None, ordering.last_stage_group(self.plan) if auto else None
-        if value is None:
-            return None, None
-        if not isinstance(value, str) or value not in self._groups:
-            raise ValueError(f"caller_thread_group={value!r} is not a thread group of the plan (its groups: "
-                             f"{self._groups}); or pass \"auto\" or None")
-        refusal = self._caller_group_refusal()
-        if refusal is not None:
-            raise ValueError(f"caller_thread_group={value!r}: {refusal}")
-        return value, value
-
-    def _caller_group_refusal(self) -> Optional[str]:
-        """Why no group may run on the caller's thread with this engine's settings (None: it may)."""
-        return None
-
     def _start_run(self, data_iter: Iterator[Any], caller_group: Optional[str]) -> None:
         self._stragglers.check(self.join_timeout)
-        default = run_default_stream(self.device, self._tasks)
-        run = Run(bind_run(self._tasks, self.device, self._event_slots, default), self.device, self._event_slots,
-                  progress_timeout=self.progress_timeout, join_timeout=self.join_timeout, default_stream=default,
-                  signal_timeout=self.signal_timeout)
+        labels = {t.index: self._shortcut.label(t.name) for t in self._tasks}
+        run = assemble_run(self._run_settings, data_iter, caller_group, labels, self._nvtx,
+                           self._tracing.new_recorder)
         self._run = run
         shutdown.track(run)
         try:
-            labels = {t.index: self._shortcut.label(t.name) for t in self._tasks}
-            recorder = self._tracing.new_recorder(run.tasks, caller_group)
-            wait = recorder.timed_wait(run.board.wait_task) if recorder is not None else None
-            handout = HandOut(run, self._schedule, self._rule, yield_after_hand_out=self._yield_after_hand_out)
-            free = EarlyFree(self._free_uses).done if self._free_uses is not None else None
-            tasks = recorder.runtimes if recorder is not None else run.tasks  # a traced run times shadow tasks
-
-            def executor(launch: Launch, timeout: float) -> RunBatch:
-                run_unit = make_unit_runner(run.board, self.device, launch, tasks, self._event_slots, timeout, wait,
-                                            free, run.batch_events, run.batch_streams)
-                if recorder is not None:  # every unit through the traced executor
-                    return make_batch_runner(run.board, traced(run_unit, recorder, self._rule.name == "clock"))
-                return make_batch_runner(run.board, run_unit, bare_functions(tasks, launch, free))
-
-            plain, annotated = make_launches(self.device, labels, self._nvtx)
-            batches = (executor(plain, self.signal_timeout), executor(annotated, self.signal_timeout))
-            caller_batches = (executor(plain, run.caller_timeout), executor(annotated, run.caller_timeout))
-            run.handout = handout
-            run.data_source = data_iter
-            torch_threads, device, worker_init = torch.get_num_threads(), self.device, self.worker_init
-
-            def enter(group: str) -> Callable[[], None]:  # must not hold the pipeline (see shutdown.py)
-                return functools.partial(enter_worker_thread, torch_threads, device, worker_init, group)
-
-            run.start_workers(self._groups, batches, enter, caller_group, caller_batches)
-            run.watch(self)
-            run.modes = Modes.capture(self._mode_types)
-            handout.fill(data_iter)
+            run.start(self, Modes.capture(self._mode_types))
         except BaseException as exc:
             self._fail(run, exc)
 
@@ -210,8 +70,8 @@ class _PipelineBase:
         try:
             stragglers = run.stop(state)
         finally:
-            self._peak_live_contexts = run.peak_live_contexts
-        self._stragglers.adopt(run, stragglers)
+            self._peak_live_contexts = run.feed.peak_live_contexts
+        self._stragglers.adopt(stragglers, run.join_timeout)
 
     def _fail(self, run: Run, exc: BaseException) -> NoReturn:
         """End the run as failed (its threads joined) and raise ``exc`` in the caller.
@@ -220,7 +80,7 @@ class _PipelineBase:
         local, or the two would form a reference cycle holding every frame of the traceback (the
         caller's locals among them) until a garbage collection.
         """
-        run.record_failure(exc)
+        run.life.record_failure(exc)
         try:
             self._end(run, FAILED)
             raise exc
@@ -230,14 +90,6 @@ class _PipelineBase:
     def _discard_run(self) -> None:
         """Forget the (stopped) run: the pipeline is idle again."""
         self._run = None
-
-    def _active_run(self) -> Optional[Run]:
-        run = self._run
-        return run if run is not None and run.active else None
-
-    def _occupancy(self) -> Optional[Occupancy]:
-        """What the current run (the last one, if it ended) runs on which thread (see driving.py)."""
-        return self._run
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -293,36 +145,37 @@ class _PipelineBase:
 
     def _progress(self, data_iter: Optional[Iterator[Any]], advance: bool = True) -> int:
         run = self._running(data_iter)
-        if data_iter is not run.data_source and data_iter is not None:
-            run.data_source = _data_source(data_iter)
-        if run.state is HELD:
+        feed = run.feed
+        if run.life.state is HELD:  # refused before anything is touched (a data_iter that is no iterator: TypeError)
+            feed.check(data_iter)
             raise RuntimeError("progress() while the last progress(advance=False) has not been followed by "
                                "advance(); call advance() first")
-        if run.next_retire >= run.num_created:  # nothing in flight
-            self._resume_or_finish(run, data_iter)
+        if data_iter is not feed.source and data_iter is not None:
+            feed.use(data_iter)
+        draws = data_iter is not None
+        if feed.next_retire >= feed.num_created:  # nothing in flight
+            self._resume_or_finish(run, draws)
         try:
             run.handout.run_caller_units(advance)
             oldest = run.retire_oldest()
             if advance:
-                run.modes = Modes.capture(self._mode_types)
-                run.handout.after_retire(oldest, data_iter)
+                run.handout.after_retire(oldest, draws, Modes.capture(self._mode_types))
             else:
-                run.hold(oldest, data_iter)
-                run.settle(run.handout.boundary())
+                run.life.hold(oldest, draws)
+                run.settle()
             return oldest
         except BaseException as exc:
             self._fail(run, exc)
 
-    def _resume_or_finish(self, run: Run, data_iter: Optional[Iterator[Any]]) -> None:
-        """Nothing is in flight: fill again from ``data_iter`` if ``progress(None)`` emptied the pipeline
-        before the data ended; else end the run (StopIteration)."""
-        if data_iter is not None and not run.exhausted:
+    def _resume_or_finish(self, run: Run, draws: bool) -> None:
+        """Nothing is in flight: fill again from the data if ``progress(None)`` emptied the pipeline before the
+        data ended and this step ``draws``; else end the run (StopIteration)."""
+        if draws and not run.feed.exhausted:
             try:
-                run.modes = Modes.capture(self._mode_types)
-                run.handout.resume(data_iter)
+                run.handout.resume(Modes.capture(self._mode_types))
             except BaseException as exc:
                 self._fail(run, exc)
-            if run.next_retire < run.num_created:
+            if run.feed.in_flight:
                 return
         self._end(run, FINISHED)
         raise StopIteration
@@ -331,9 +184,10 @@ class _PipelineBase:
         run = self._run
         if run is None:
             raise RuntimeError("progress() called before fill_pipeline(); call fill_pipeline(data) first")
-        if run.active:
+        state = run.life.state
+        if state is RUNNING or state is HELD:
             return run
-        if run.state is FINISHED:
+        if state is FINISHED:
             if run.emptied and data_iter is not None:
                 raise RuntimeError("progress(data) after progress(None) retired the last iteration in flight: that "
                                    "ended the run (StopIteration) and nothing was fetched from the data since; call "
@@ -349,13 +203,12 @@ class _PipelineBase:
 
     def _advance(self, fetch: bool) -> None:
         run = self._active_run()
-        held = run.unhold() if run is not None else None
+        held = run.life.unhold() if run is not None else None
         if run is None or held is None:
             return
-        oldest, data_iter = held
+        oldest, draws = held
         try:
-            run.modes = Modes.capture(self._mode_types)
-            run.handout.after_retire(oldest, data_iter if fetch else None)
+            run.handout.after_retire(oldest, draws and fetch, Modes.capture(self._mode_types))
         except BaseException as exc:
             self._fail(run, exc)
 
@@ -376,7 +229,7 @@ class _PipelineBase:
         run = self._active_run()
         if run is None:
             return []
-        contexts = run.contexts.copy()
+        contexts = run.feed.contexts.copy()
         return [contexts[i] for i in sorted(contexts)]
 
     @driving
@@ -459,104 +312,6 @@ class _PipelineBase:
         from ..devices.annotations import emit_nvtx_context
 
         return emit_nvtx_context() if self._nvtx else contextlib.nullcontext()
-
-    # -- the serial baseline, shortcuts and tracing: the pipeline's parts ------------------------
-
-    @property
-    def serial_order(self) -> List[str]:
-        """The tasks in the order a serial iteration runs them (topological; ties by stage, then name)."""
-        return self._serial.names
-
-    @driving
-    def run_one_serial_iter(self, batch: Any, iter_idx: int = 0) -> IterContext:
-        """Run one iteration serially on the calling thread, tasks in topological order.
-
-        Needs no fill_pipeline() and leaves no state behind. Returns the IterContext.
-        """
-        if self._active_run() is not None:
-            raise RuntimeError("run_one_serial_iter() while pipelined iterations are in flight; call drain() first")
-        return self._serial.iteration(batch, iter_idx)
-
-    @driving
-    def run_serial(self, data_iter: Iterable[Any], verbose: bool = False, emit_nvtx: bool = False) -> float:
-        """Run every batch serially (no threads, default stream) as a baseline; returns seconds."""
-        if self._active_run() is not None:
-            raise RuntimeError("run_serial() while pipelined iterations are in flight; call drain() first")
-        return self._serial.run(data_iter, verbose, resolve_emit_nvtx(emit_nvtx))
-
-    def enable_shortcut(self, *names: str) -> None:
-        """Shortcut these tasks: the next execution caches what each leaves on the context, later ones replay it.
-
-        Settings and caches survive drain(); globally ordered tasks keep their turn.
-
-        Raises:
-            ValueError: an unknown task name.
-            RuntimeError: iterations are in flight (call drain() first).
-        """
-        self._require_idle("enable_shortcut")
-        self._shortcut.enable(names)
-
-    def disable_shortcut(self, *names: str) -> None:
-        """Run these tasks normally again and drop their caches."""
-        self._require_idle("disable_shortcut")
-        self._shortcut.disable(names)
-
-    @property
-    def shortcuts(self) -> List[str]:
-        """The names of the shortcut tasks, sorted."""
-        return self._shortcut.names
-
-    def without_shortcuts(self) -> ContextManager[None]:
-        """Within the block no task is shortcut and no cache exists; afterwards both are as before."""
-        self._require_idle("without_shortcuts")
-        return self._shortcut.suspended()
-
-    def _require_idle(self, what: str) -> None:
-        if self._active_run() is not None:
-            raise RuntimeError(f"{what}() while iterations are in flight; call drain() first")
-
-    def tracing(self) -> ContextManager[None]:
-        """Record the timeline of every ``fill_pipeline()`` started in the block; read ``pipe.timeline`` after.
-
-        For step-by-step loops; ``run(data, trace=True)`` is the one-call form.
-        """
-        return self._tracing.scope()
-
-    @property
-    def timeline(self) -> Optional[Timeline]:
-        """What the last fill ran where and when, if it was traced (see ``run(trace=...)``), else None."""
-        return self._tracing.timeline
-
-    def stats(self) -> RunStats:
-        """Per-task and per-run statistics of the last traced run (``print(pipe.stats())`` shows a table).
-
-        Raises:
-            RuntimeError: the last run was not traced.
-        """
-        return self._tracing.stats()
-
-    # -- state ----------------------------------------------------------------------------------
-
-    @property
-    def last_context(self) -> Optional[IterContext]:
-        """The IterContext of the iteration the last progress() call retired."""
-        run = self._run
-        return run.last_ctx if run is not None else None
-
-    @property
-    def peak_live_contexts(self) -> int:
-        """The most IterContexts alive at once during the current (or last) fill."""
-        run = self._run
-        return run.peak_live_contexts if run is not None else self._peak_live_contexts
-
-    def _device_text(self) -> str:
-        """The device for ``repr``: what was asked for, and what is used when that differs (``0 (cpu)``)."""
-        asked, used = self._device_asked, str(self.device)
-        if asked is None or isinstance(asked, Device):
-            return used
-        same = (getattr(self.device, "index", None) == asked and used != "cpu" if isinstance(asked, int)
-                else str(asked) == used)
-        return str(asked) if same else f"{asked} ({used})"
 
     def __enter__(self) -> "_PipelineBase":
         return self

@@ -20,11 +20,11 @@ an iteration entered there, or none ever will (a *gap*)::
 
 A step without a batch (``progress(None)``, ``drain()``) decides the entries up to the
 next iteration's last period as gaps, on both engines, so that every group's order
-reaches that iteration's units. With no gaps (the paper runs of ``Schedule.check`` and
+reaches that iteration's units. With no gaps (the paper runs of ``paper.check`` and
 the simulator) iteration ``i`` enters in period ``i``.
 
-The engines (``handout.HandOut``), ``Schedule.check`` and the simulator all ask these
-objects, so a rule changes in one place.
+The engines (``handout.HandOut``) and the paper runs (``paper.PaperEngine``: the deadlock
+check and the simulator) all ask these objects, so a rule changes in one place.
 """
 
 from __future__ import annotations
@@ -88,14 +88,24 @@ class ReleaseRule:
 
     name = ""
     fill_steps = 1  # how many hand-outs a fill is made of (the clock: one tick per period)
+    yields_after_hand_out = False  # a worker just handed work takes the GIL at once (handout.HandOut)
 
     def __init__(self, depth: int) -> None:
         self.depth = depth
 
     @property
+    def max_live(self) -> int:
+        """The most iterations alive at once."""
+        return self.depth
+
+    @property
     def allows_caller_group(self) -> bool:
         """Whether ``run()`` may run a thread group on the caller's thread (see ``caller_through``)."""
-        return True
+        return self.caller_group_refusal() is None
+
+    def caller_group_refusal(self) -> Optional[str]:
+        """Why no thread group may run on the caller's thread under this rule, in words (None: one may)."""
+        return None
 
     def fill(self, entries: Entries[T], fetch: Fetch[T]) -> None:
         """Draw the first batches (also after ``progress(None)`` emptied the pipeline)."""
@@ -117,8 +127,8 @@ class ReleaseRule:
     def retired(self, entries: Entries[T], oldest: Optional[int], fetch: Optional[Fetch[T]]) -> Released:
         """What the engines do once per iteration, in one call: ``oldest`` retires (None: it did already), the
         rule draws what comes next (``after_retire``), and how far every order may now be handed out. Each rule
-        writes it out in one function, since it runs once per iteration; ``after_retire`` (``Schedule.check``,
-        the simulator) is this same function."""
+        writes it out in one function, since it runs once per iteration; ``after_retire`` (``paper.PaperEngine``,
+        on paper) is this same function."""
         raise NotImplementedError
 
     def caller_through(self, entries: Entries[T]) -> int:
@@ -147,6 +157,7 @@ class ClockRule(ReleaseRule):
     """SWPipeline: the period clock. Each tick releases one period and draws the batch entering in it."""
 
     name = "clock"
+    yields_after_hand_out = True  # with several worker threads, the one just handed its period may be the bottleneck
 
     def __init__(self, depth: int) -> None:
         super().__init__(depth)
@@ -197,13 +208,20 @@ class DataFlowRule(ReleaseRule):
 
     def __init__(self, depth: int, max_live: int) -> None:
         super().__init__(depth)
-        self.max_live = max_live
+        self.live = max_live
 
     @property
-    def allows_caller_group(self) -> bool:
+    def max_live(self) -> int:
+        return self.live
+
+    def caller_group_refusal(self) -> Optional[str]:
         """Only with ``max_live >= depth``: with fewer live iterations a unit of the caller's group could wait
         for work the caller hands out only after retiring an iteration."""
-        return self.max_live >= self.depth
+        if self.live >= self.depth:
+            return None
+        return (f"a thread group on the caller's thread needs max_depth >= the plan's depth ({self.depth}), got "
+                f"max_depth={self.live}: with fewer live iterations its units could wait for work the "
+                f"caller hands out only after retiring an iteration; raise max_depth or pass None")
 
     def fill_step(self, entries: Entries[T], fetch: Fetch[T]) -> None:
         self.retired(entries, None, fetch)  # draw while fewer than max_live iterations are alive
@@ -220,7 +238,7 @@ class DataFlowRule(ReleaseRule):
         if fetch is None:
             self._gaps_through_next(entries)
         else:
-            while len(entered) < self.max_live and not entries.ended:
+            while len(entered) < self.live and not entries.ended:
                 item = fetch()
                 if item is None:
                     entries.ended = True

@@ -44,7 +44,7 @@ class TaskSpec:
         self.needs_events = False  # a consumer on another stream waits on it, or the caller does at retirement
         self.waits_at_retire = False  # a sink on a side stream: the caller's stream waits on it
         # no producer in its iteration: on a device with events, it waits for the batch to be ready on the
-        # stream the caller drew it on (run.Run.fetch), unless it runs on that stream
+        # stream the caller drew it on (feed.Feed.draw), unless it runs on that stream
         self.waits_batch = False
         self.shares_stream = False  # its stream is used by several thread groups: units take turns on it
         self.consumers: Tuple[int, ...] = ()  # every task that depends on it, directly or not (lifetime.py)
@@ -189,7 +189,7 @@ def bind_run(tasks: List[TaskSpec], device: Device, event_slots: int, default: A
         b.inter = [(d, bound[d].events if cross else None, distance) for d, cross, distance in b.spec.inter_deps]
         # A producer in the consumer's own thread group has run by the time the consumer does: both engines run
         # a group's units on one thread in one order, the schedule's, which puts every producer unit before its
-        # consumers (Schedule.check proves it for each plan). Only its device event, if any, is left to wait on.
+        # consumers (paper.check proves it for each plan). Only its device event, if any, is left to wait on.
         b.wait_intra = [(d, events) for d, events in b.intra if events is not None or bound[d].group != b.group]
         b.wait_inter = [(d, events, distance) for d, events, distance in b.inter
                         if events is not None or bound[d].group != b.group]

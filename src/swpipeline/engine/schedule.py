@@ -12,22 +12,21 @@ in the periods that ``progress(None)`` ran without a batch)::
 
 Each thread group's units form one sequence, ``walk``: every period in turn, within
 one the group's slots in submission order. Both engines hand out exactly that
-sequence, as far as their release rule (``release.py``) allows; ``check`` runs it on
-paper under the same rule (FIFO queues, every dependency wait, the turns, the caller's
-own group) and raises if it could ever get stuck (``stuck.py`` says why, in words); the
-simulator times it; ``print_schedule`` renders the same slots; ``settle`` runs the units
-already handed out on paper, to find what runs before more is (the step boundary).
+sequence, as far as their release rule (``release.py``) allows, and number the turns
+of each period in ``turn_units``' order. What a unit handed out waits for, on paper, is
+``interpreter.py``'s to say; ``paper.py`` runs the schedule on paper under a release rule
+(the deadlock check, the step boundary), the simulator with times; ``print_schedule``
+renders the same slots.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, TypeVar
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, TypeVar
 
 from ..plan import ordering
 from ..plan.model import IterContext, PipelinePlan
-from .release import ALL, Entries, Released, ReleaseRule
-from .stuck import Standstill, blocked
+from .release import ALL, Released
 
 __all__: List[str] = []
 
@@ -54,6 +53,10 @@ class Slot:
     def __post_init__(self) -> None:
         object.__setattr__(self, "takes_turns", self.ordered or self.shares_stream)
 
+    def entry(self, period: int) -> int:
+        """The period whose iteration this slot works on in ``period`` (negative: none yet). The walks inline it."""
+        return period - self.stage
+
 
 # One task on one iteration, as a thread group's order lists it: ``(period, slot, item)``, ``item`` being
 # what entered in period ``period - slot.stage`` (an IterContext in the engines, an iteration on paper).
@@ -63,14 +66,6 @@ Unit = Tuple[int, Slot, T]
 Work = Unit[IterContext]  # a unit as a worker runs it
 Position = Tuple[int, int]  # where a thread group's walk stands: (period, index into the group's slots)
 WHOLE_PERIOD = 1 << 30  # a submission position past every slot's: "all of the period" (see runs_before_retire)
-
-
-class ScheduleError(RuntimeError):
-    """The schedule would get stuck (for the clock: a bug in the ordering, never a valid plan's fault)."""
-
-    def __init__(self, message: str, blocked: str) -> None:
-        super().__init__(message)
-        self.blocked = blocked  # each thread group's unit that could not move and what it waits for, in words
 
 
 @dataclass(frozen=True)
@@ -211,173 +206,43 @@ class Schedule:
             period, k = period + 1, 0
         return period, k
 
-    def assign_turns(self, period: int, iteration_at: Callable[[int], Optional[int]], tasks: Sequence[Any]) -> None:
-        """Number the units of ``period`` that take turns, in submission order (see ``signals.Turns``).
-
-        ``iteration_at(entry)`` is the iteration that entered in period ``entry``, or None;
-        ``tasks`` are the run's BoundTasks, which hold the run's turns.
-        """
-        for slot in self.turn_slots:
-            it = iteration_at(period - slot.stage)
-            if it is None:
-                continue
-            task, key, label = tasks[slot.index], (slot.index, it), f"{slot.task}(i{it})"
-            if task.stream_turns is not None:
-                task.stream_turns.assign(key, label)
-            if task.turns is not None:
-                task.turns.assign(key, label)
-
     def units(self, period: int, entered: Mapping[int, T]) -> List[Tuple[Slot, T]]:
         """Period ``period``'s units, in submission order: (slot, what entered in period ``period - stage``)."""
+        return self._units_of(self.slots, period, entered)
+
+    def turn_units(self, period: int, entered: Mapping[int, T]) -> List[Tuple[Slot, T]]:
+        """Period ``period``'s units that take turns, in submission order: the order in which they are numbered
+        on their turn lines (``signals.Turns`` in the engines, ``Interpreter.number`` on paper)."""
+        return self._units_of(self.turn_slots, period, entered)
+
+    @staticmethod
+    def _units_of(slots: Sequence[Slot], period: int, entered: Mapping[int, T]) -> List[Tuple[Slot, T]]:
         out = []
-        for slot in self.slots:
+        for slot in slots:
             item = entered.get(period - slot.stage)
             if item is not None:
                 out.append((slot, item))
         return out
 
+    def lane_units(self, group: str, start: Position, end: Position, entered: Mapping[int, T]) -> List[Unit[T]]:
+        """Thread group ``group``'s units in its order from walk position ``start`` up to ``end`` (not included),
+        whatever the release rule: what a walk from ``start`` that stopped at ``end`` handed out."""
+        slots = self.lanes[group]
+        out: List[Unit[T]] = []
+        for period in range(start[0], end[0] + 1):
+            first = start[1] if period == start[0] else 0
+            last = end[1] if period == end[0] else len(slots)
+            out.extend((period, slot, item) for slot, item in self._units_of(slots[first:last], period, entered))
+        return out
+
     def cells(self, num_periods: int) -> List[Tuple[Slot, List[str]]]:
         """Each row's cells over the first periods (one batch entering per period): ``i{iteration}`` or ``--``."""
-        return [(row, [f"i{p - row.stage}" if p >= row.stage else "--" for p in range(num_periods)])
-                for row in self.rows]
-
-    # -- proof by running it ---------------------------------------------------------------------------
-
-    def check(self, rule: ReleaseRule, num_batches: int, caller_group: Optional[str] = None) -> None:
-        """Run ``num_batches`` iterations of the schedule on paper under ``rule``; raise ScheduleError if it gets
-        stuck.
-
-        The caller fills, then repeatedly runs its own group's units (``caller_group``: only
-        those one ``progress()`` call runs, ``runs_before_retire``), retires the oldest iteration once
-        all its units are done, and hands out what the rule then releases, exactly as the
-        engines do. Each other thread group is a FIFO of the units handed to it. A unit may
-        run once its dependencies are done and it is its turn (in the sequencer, and on a
-        stream shared by thread groups; turns are numbered period by period as periods are
-        decided). Running a unit never disables another, so one maximal run decides for
-        every timing whether the schedule completes.
-        """
-        entries: Entries[int] = Entries()
-        created = [0]
-
-        def fetch() -> Optional[int]:
-            if created[0] >= num_batches:
-                return None
-            created[0] += 1
-            return created[0] - 1
-
-        queues: Dict[str, List[Unit[int]]] = {g: [] for g in self.lanes}
-        positions: Dict[str, Position] = {g: (0, 0) for g in self.lanes}
-        turn_orders: Dict[object, List[Tuple[int, int]]] = {}
-        numbered = [0]  # periods whose turns are numbered
-
-        def hand_out() -> None:
-            released = rule.released(entries)
-            horizon = entries.horizon(self.depth)
-            through = min(*released, horizon)  # (through_period, decided)
-            while numbered[0] <= through:
-                for slot in self.turn_slots:
-                    it = entries.entered.get(numbered[0] - slot.stage)
-                    if it is not None:
-                        for line in self.turn_lines(slot):
-                            turn_orders.setdefault(line, []).append((slot.index, it))
-                numbered[0] += 1
-            for group, units in zip(self.lanes, self.walk_all(positions, entries.entered, released, horizon)):
-                queues[group].extend(units)
-
-        remaining = [len(self.slots)] * num_batches
-        done: Set[Tuple[int, int]] = set()
-        heads = {group: 0 for group in queues}
-        turn = {line: 0 for line in turn_orders}
-        rule.fill(entries, fetch)
-        hand_out()
-        retired = 0
-
-        def ready(unit: Unit[int]) -> bool:
-            _, slot, it = unit
-            if any((d, it) not in done for d in slot.intra):
-                return False
-            if any(it >= back and (d, it - back) not in done for d, back in slot.inter):
-                return False
-            for line in self.turn_lines(slot):
-                order, k = turn_orders.get(line, ()), turn.get(line, 0)
-                if k >= len(order) or order[k] != (slot.index, it):
-                    return False
-            return True
-
-        while retired < num_batches:
-            moved = False
-            caller_through = rule.caller_through(entries)
-            for group, queue in queues.items():
-                while heads[group] < len(queue) and ready(queue[heads[group]]):
-                    period, slot, it = queue[heads[group]]
-                    if group == caller_group and not self.runs_before_retire(period, slot, caller_through):
-                        break  # the caller runs these in a later progress() call
-                    done.add((slot.index, it))
-                    remaining[it] -= 1
-                    for line in self.turn_lines(slot):
-                        turn[line] = turn.get(line, 0) + 1
-                    heads[group] += 1
-                    moved = True
-            caller_busy = caller_group is not None and heads[caller_group] < len(queues[caller_group]) and \
-                self.runs_before_retire(*queues[caller_group][heads[caller_group]][:2], caller_through)
-            if remaining[retired] == 0 and not caller_busy:  # progress() runs its units first, then retires
-                entries.retire(retired)
-                retired += 1
-                rule.after_retire(entries, fetch)
-                hand_out()
-                moved = True
-            if not moved:
-                why = blocked(self, Standstill(queues, heads, positions, done, turn_orders, turn,
-                                               rule.released(entries), entries.horizon(self.depth), caller_group,
-                                               caller_through))
-                raise ScheduleError(f"with {num_batches} batches the schedule gets stuck after retiring {retired} "
-                                    f"iteration(s): {why or 'nothing is handed out'}\n{self.describe(4)}", why)
-
-    def settle(self, queues: Mapping[str, Sequence[Tuple[int, Slot]]],
-               turn_orders: Mapping[object, Sequence[Tuple[int, int]]], retired: int) -> Dict[int, int]:
-        """What runs, on paper, of units already handed out if nothing more is: per task index, the last
-        iteration of it that does (a task absent: none).
-
-        ``queues``: each thread group's units not yet retired, ``(iteration, slot)`` in its order;
-        ``turn_orders``: each turn line's numbered units ``(task index, iteration)`` in number order
-        (a unit numbered but not handed out blocks its line); every unit of an iteration below
-        ``retired`` is done. As in ``check``, running a unit never disables another, so one
-        maximal run gives the answer whatever the timing.
-        """
-        done: Set[Tuple[int, int]] = set()
-        at = {line: 0 for line in turn_orders}
-
-        def is_done(index: int, it: int) -> bool:
-            return it < retired or (index, it) in done
-
-        def my_turn(slot: Slot, it: int) -> bool:
-            for line in self.turn_lines(slot):
-                order = turn_orders.get(line, ())
-                k = at.get(line, 0)
-                while k < len(order) and is_done(*order[k]):
-                    k += 1
-                at[line] = k
-                if k == len(order) or order[k] != (slot.index, it):
-                    return False
-            return True
-
-        heads = {group: 0 for group in queues}
-        moved = True
-        while moved:
-            moved = False
-            for group, queue in queues.items():
-                while heads[group] < len(queue):
-                    it, slot = queue[heads[group]]
-                    if not (all(is_done(d, it) for d in slot.intra)
-                            and all(is_done(d, it - back) for d, back in slot.inter) and my_turn(slot, it)):
-                        break
-                    done.add((slot.index, it))
-                    heads[group] += 1
-                    moved = True
-        last: Dict[int, int] = {}
-        for index, it in done:
-            last[index] = max(it, last.get(index, it))
-        return last
+        entered = {period: period for period in range(num_periods)}
+        cells: Dict[int, List[str]] = {slot.index: ["--"] * num_periods for slot in self.slots}
+        for period in range(num_periods):
+            for slot, it in self.units(period, entered):
+                cells[slot.index][period] = f"i{it}"
+        return [(row, cells[row.index]) for row in self.rows]
 
     @staticmethod
     def turn_lines(slot: Slot) -> Tuple[object, ...]:

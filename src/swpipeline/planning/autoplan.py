@@ -23,7 +23,7 @@ of those orders its tasks need (a task may write a Python number no analysis see
 
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from .costs import TaskCosts
 from .overheads import EngineOverheads
@@ -34,6 +34,7 @@ from .plan_args import SearchArgs, check_search_args
 from .plan_search import Scorer, Space, count_candidates, exhaustive, local, starting_points, valid_stages
 from .plan_space import Bounds, Candidate, normalized
 from .search_result import PlanSearch
+from .sim_result import SimResult
 from .sim_model import run_caller_group
 from .simulator import simulate
 
@@ -152,39 +153,61 @@ def search_plan(tasks: Sequence[TaskRef], intra_iter_deps: Sequence[Tuple[TaskRe
                                    "autoplan: drop_orders", _entry_text)
         if placement.declared:
             args = checked([*orders, *(o for o in placement.declared if o not in orders)])
-    space = args.space
-    thread_costs = [args.costs[name].thread_times(num_iterations, jitter) for name in space.graph.names]
-    device_costs = [args.costs[name].device_times(num_iterations, jitter) for name in space.graph.names]
-    scorer = Scorer(space, thread_costs, device_costs, engine, args.overheads, float(data_seconds))
-    scorer.tolerance = tolerance
-    candidates = count_candidates(space)
-    is_exhaustive = candidates <= exhaustive_limit
-    start = _encode(space, baseline) if baseline is not None else None
-    if is_exhaustive:
-        bounds = Bounds(space.graph, thread_costs, device_costs, args.overheads.unit,
-                        None if engine == "clocked" else max_in_flight, cores)
-        exhaustive(scorer, bounds, tolerance)
-    else:
-        local(scorer, starting_points(space, scorer, start), budget)
-    best = scorer.pick(tolerance, start)
+    how = _How(engine, num_iterations, jitter, float(data_seconds), tolerance, max_in_flight, cores, exhaustive_limit,
+               budget)
+    scorer, best, start, candidates, is_exhaustive = _search(args, baseline, how)
     kept = best == start
     keeps_all = baseline is not None and not orders_dropped(baseline, orders)
     plan = baseline if kept and baseline is not None and keeps_all else scorer.plan(best)
     kept_orders = placement.kept if placement else ()
-    live = None if engine == "clocked" else max_in_flight
-    result = simulate(plan, args.costs, num_iterations, engine, live, jitter=jitter, overheads=args.overheads,
-                      data_seconds=data_seconds, caller_thread_group=_caller(plan, caller_thread_group, engine, live),
-                      cores=cores)
+
+    def simulated(chosen: PipelinePlan, live: Optional[int]) -> SimResult:
+        return simulate(chosen, args.costs, num_iterations, engine, live, jitter=jitter, overheads=args.overheads,
+                        data_seconds=data_seconds, caller_thread_group=_caller(chosen, caller_thread_group, engine,
+                                                                                live), cores=cores)
+
+    result = simulated(plan, None if engine == "clocked" else max_in_flight)
     baseline_result = None
     if baseline is not None:
-        baseline_live = None if engine == "clocked" else max(max_in_flight, baseline.depth)
-        baseline_result = simulate(baseline, args.costs, num_iterations, engine, baseline_live, jitter=jitter,
-                                   overheads=args.overheads, data_seconds=data_seconds,
-                                   caller_thread_group=_caller(baseline, caller_thread_group, engine,
-                                                               baseline_live),
-                                   cores=cores)
+        baseline_result = simulated(baseline, None if engine == "clocked" else max(max_in_flight, baseline.depth))
     return PlanSearch(plan, result, engine, max_in_flight, is_exhaustive, candidates, len(scorer.cache), baseline,
                       baseline_result, kept, kept_orders, drops)
+
+
+class _How(NamedTuple):
+    """How ``search_plan`` searches (its arguments, checked)."""
+
+    engine: str
+    num_iterations: int
+    jitter: bool
+    data_seconds: float
+    tolerance: float
+    max_in_flight: int
+    cores: Optional[int]
+    exhaustive_limit: int
+    budget: int
+
+
+def _search(args: SearchArgs, baseline: Optional[PipelinePlan],
+            how: _How) -> Tuple[Scorer, Candidate, Optional[Candidate], int, bool]:
+    """The search itself: exhaustive while the space is small, else local from the starting points; returns the
+    scorer, the candidate picked, the baseline's (None: none, or it does not fit), the space's size, and whether
+    the search was exhaustive."""
+    space = args.space
+    thread_costs = [args.costs[name].thread_times(how.num_iterations, how.jitter) for name in space.graph.names]
+    device_costs = [args.costs[name].device_times(how.num_iterations, how.jitter) for name in space.graph.names]
+    scorer = Scorer(space, thread_costs, device_costs, how.engine, args.overheads, how.data_seconds)
+    scorer.tolerance = how.tolerance
+    candidates = count_candidates(space)
+    is_exhaustive = candidates <= how.exhaustive_limit
+    start = _encode(space, baseline) if baseline is not None else None
+    if is_exhaustive:
+        bounds = Bounds(space.graph, thread_costs, device_costs, args.overheads.unit,
+                        None if how.engine == "clocked" else how.max_in_flight, how.cores)
+        exhaustive(scorer, bounds, how.tolerance)
+    else:
+        local(scorer, starting_points(space, scorer, start), how.budget)
+    return scorer, scorer.pick(how.tolerance, start), start, candidates, is_exhaustive
 
 
 def _checked(extra: Sequence[Order], tasks: Sequence[TaskRef], intra: Sequence[Any], inter: Sequence[Any],

@@ -1,11 +1,14 @@
 """The simulator's event core: both engines' threads, run on paper with times.
 
-It follows ``Schedule.check`` (which runs the schedule on paper without times) and
-adds the clock. Each thread group is a FIFO of its units (``sim_model.unit_sequences``);
-the caller is a list of actions. A unit may be computed once everything it can wait
-for has a time; every wait is on something earlier in (period, submission position),
-so repeatedly advancing every thread as far as it can always finishes. A unit of
-task ``T`` at iteration ``i`` on thread group ``g``::
+It drives the engine's own interpreter of the schedule's units (``engine/interpreter.py``,
+which the deadlock check drives without times) and puts the clock on top: each thread
+group is a lane of the interpreter, fed by the engine's hand-out (``sim_handout``); the
+caller is a list of actions. A unit may be computed once the interpreter says it can run
+(its dependencies done, its turn come); every wait is on something earlier in (period,
+submission position), so repeatedly advancing every thread as far as it can always
+finishes. Its time is the latest end of what it waited for, the interpreter's own list
+of dependencies and the unit before it on each turn line. A unit of task ``T`` at
+iteration ``i`` on thread group ``g``::
 
     picked = free(g)                   if g was busy when the unit was handed out
            = handed_out + wake         if g was idle (blocked on its queue)
@@ -27,12 +30,9 @@ The caller's actions, per engine (``clocked``: the period clock; ``dataflow``: t
                release P{depth+k}) for k = 0 .. N-1 | stop threads
     dataflow   start threads | top up | (retire k, top up) for k = 0 .. N-1 | stop threads
 
-A release (one clock tick) and a top-up are the engine's own release rule
-(``release.py``) applied to paper entries: it draws batches (each costs the engine's
-period cost plus the data time), then every group's order (``Schedule.walk``) is handed
-out as far as the rule allows, as the engines do it; the caller's group runs, per call,
-up to the oldest iteration's last units (``Schedule.runs_before_retire``). Retiring waits
-for the iteration's last unit (+ wake).
+A release (one clock tick) and a top-up are the engine's own hand-out (``sim_handout``);
+the caller's group runs, per call, up to the oldest iteration's last units
+(``Schedule.runs_before_retire``). Retiring waits for the iteration's last unit (+ wake).
 Every unit and caller action keeps what made it wait last
 (its *cause*), which is how the critical path is read back.
 """
@@ -42,15 +42,17 @@ from __future__ import annotations
 import heapq
 from typing import List, Optional, Sequence, Tuple
 
-from ..engine.release import Entries, rule_of
+from ..engine.interpreter import Interpreter
 from .overheads import EngineOverheads
-from .sim_model import CompiledPlan, unit_sequences
+from .sim_handout import TimedHandOut
+from .sim_model import CompiledPlan
 
 __all__: List[str] = []
 
 # causes: what a unit or caller action waited for last
 THREAD, RELEASE, DEP, TURN, CALLER, KNOWN, CORE = range(7)
 START, RELEASE_PERIOD, CALLER_UNITS, RETIRE, TOPUP, END = range(6)
+Ready = Tuple[float, float, int, int]  # when a unit can start: (start, picked, cause, cause_ref)
 
 
 class Simulation:
@@ -60,7 +62,7 @@ class Simulation:
                  device_costs: Sequence[Optional[Sequence[float]]], num_iterations: int, engine: str,
                  max_live: int, overheads: EngineOverheads, data_seconds: float, caller_group: Optional[int]) -> None:
         self.c, self.N, self.engine, self.max_live = compiled, num_iterations, engine, max_live
-        self.o, self.data_seconds, self.caller_group = overheads, data_seconds, caller_group
+        self.o, self.caller_group = overheads, caller_group
         self.costs, self.device_costs = thread_costs, device_costs
         self.device = any(d is not None for d in device_costs)
         n = self.n = compiled.n
@@ -68,30 +70,29 @@ class Simulation:
         self.start, self.end, self.picked = [-1.0] * size, [-1.0] * size, [-1.0] * size
         self.dev_start, self.dev_end = ([-1.0] * size, [-1.0] * size) if self.device else ([], [])
         self.cause, self.cause_ref = [0] * size, [0] * size
-        self.seq = unit_sequences(compiled, num_iterations)
-        self.rule = rule_of(engine, compiled.depth, max_live)  # the engine's own release rule (release.py)
-        self.entries: Entries[int] = Entries()  # which iteration entered in which period, on paper
-        self.fill_steps_done = 0
-        self.positions = {group: (0, 0) for group in compiled.groups}  # each group's walk (Schedule.walk)
+        # the schedule's units, interpreted as the engines' check does (a unit's key is it * n + task: an index)
+        self.units = Interpreter([compiled.schedule])
+        self.handout = TimedHandOut(compiled, self.units, engine, max_live, num_iterations, overheads, data_seconds)
         groups = len(compiled.groups)
-        self.head, self.handed, self.free = [0] * groups, [0] * groups, [0.0] * groups
+        self.workers = groups - (caller_group is not None)  # worker threads
+        self.free = [0.0] * groups
         self.last_unit = [-1] * groups  # the key of the group's previous unit
-        self.batches: List[List[Tuple[int, float, int]]] = [[] for _ in range(groups)]  # (count, time, action)
-        self.bptr = [0] * groups
-        self.line_ptr, self.line_end = [0] * compiled.num_lines, [0.0] * compiled.num_lines
         self.stream_free = [0.0] * len(compiled.streams)
-        self.remaining, self.iter_end = [n] * num_iterations, [0.0] * num_iterations
+        self.iter_end = [0.0] * num_iterations
         self.iter_last = [-1] * num_iterations
-        self.created_at, self.retired_at = [0.0] * num_iterations, [0.0] * num_iterations
-        self.known_at: List[float] = []  # when each period's turns were numbered
-        self.known_by: List[int] = []  # ... and by which caller action
+        self.retired_at = [0.0] * num_iterations
         self.actions = self._caller_actions()
         self.action_time: List[Tuple[float, float]] = []  # (start, end) of each caller action done
         self.action_cause: List[Tuple[int, int]] = []
         self.pc, self.t = 0, 0.0  # the caller's next action and its clock
         self.caller_mark: Tuple[int, int, float] = (-1, -1, 0.0)  # (action, group's last unit, time) at its start
-        self.created = self.retired = 0
+        self.retired = 0
         self.limit, self.stopped = float("inf"), False  # see run()
+
+    @property
+    def created_at(self) -> List[float]:
+        """When each iteration's batch was drawn."""
+        return self.handout.created_at
 
     # -- the caller ---------------------------------------------------------------------------------
 
@@ -131,13 +132,16 @@ class Simulation:
                 return
             moved = False
             for g in groups:
-                if self.head[g] < self.handed[g] and self._advance_group(g, self.free[g], False):
+                if self._advance_group(g, self.free[g], False):
                     moved = True
             if self._advance_caller():
                 moved = True
             if not moved:  # unreachable for a plan the engines accept; kept as a guard
-                raise RuntimeError(f"the simulation got stuck at caller action {self.actions[self.pc]}; "
-                                   f"this is a bug in the simulator, please report it with the plan")
+                raise self._stuck()
+
+    def _stuck(self) -> RuntimeError:
+        return RuntimeError(f"the simulation got stuck at caller action {self.actions[self.pc]}; this is a bug in "
+                            f"the simulator, please report it with the plan")
 
     def _advance_caller(self) -> bool:
         moved = False
@@ -155,54 +159,41 @@ class Simulation:
         kind, arg = self.actions[self.pc]
         begin, cause = self.t, (CALLER, self.pc - 1)
         if kind == START:
-            self.t += o.thread_start * (len(self.c.groups) - (self.caller_group is not None))
+            self.t += o.thread_start * self.workers
         elif kind in (RELEASE_PERIOD, TOPUP):
-            self._hand_out()
+            self.t = self.handout.hand_out(self.t, self.pc)
         elif kind == CALLER_UNITS:
             g = -1 if self.caller_group is None else self.caller_group
             if self.caller_mark[0] != self.pc:  # entering the action (it may take several calls)
                 self.caller_mark = (self.pc, self.last_unit[g], self.t)
-            upto = self._caller_upto(arg)
-            if run_caller_units and self.head[g] < upto:
+            upto = self.handout.caller_upto(g)
+            if run_caller_units and self.units.heads[g] < upto:
                 self._advance_group(g, self.t, True, upto)
-            if self.head[g] < upto:
+            if self.units.heads[g] < upto:
                 return False
             begin = self.caller_mark[2]
             if self.last_unit[g] != self.caller_mark[1]:  # it ends with its last unit
                 cause = (THREAD, self.last_unit[g])
         elif kind == RETIRE:
-            if self.remaining[arg] > 0:
+            if not self.units.iteration_done(0, arg):
                 return False
             if self.iter_end[arg] > self.t:
                 self.t, cause = self.iter_end[arg] + o.wake, (DEP, self.iter_last[arg])
             self.t += o.retire
             self.retired_at[arg], self.retired = self.t, self.retired + 1
-            self.entries.retire(arg)
+            self.handout.engine.retire()  # (iteration arg: iterations retire in order)
         else:
-            self.t += o.thread_stop * (len(self.c.groups) - (self.caller_group is not None))
+            self.t += o.thread_stop * self.workers
         self.action_time.append((begin, self.t))
         self.action_cause.append(cause)
         self.pc += 1
         return True
 
-    def _caller_upto(self, retiring: int) -> int:
-        """How far the caller's group's units go in an CALLER_UNITS action before retiring iteration ``retiring``:
-        those a ``progress()`` call runs (``Schedule.runs_before_retire``: up to the last-stage units of the
-        rule's ``caller_through``, the oldest iteration's last period), of those handed out."""
-        g = self.caller_group
-        assert g is not None
-        last, cut = self.rule.caller_through(self.entries), self.c.schedule.retire_cut
-        periods, positions, h, handed = self.seq.periods[g], self.seq.positions[g], self.head[g], self.handed[g]
-        # Schedule.runs_before_retire, written out: this runs once per unit of every simulated candidate
-        while h < handed and (periods[h] < last or periods[h] == last and positions[h] <= cut):
-            h += 1
-        return h
-
     def _caller_due(self) -> Optional[float]:
         """When the caller's next action would start (None while it cannot)."""
         kind, arg = self.actions[self.pc]
         if kind == RETIRE:
-            if self.remaining[arg] > 0:
+            if not self.units.iteration_done(0, arg):
                 return None
             return max(self.t, self.iter_end[arg] + self.o.wake)
         return self.t
@@ -212,16 +203,17 @@ class Simulation:
         order they become ready (a unit that finds none waits for the first to be freed)."""
         free_cores = [(0.0, -1)] * cores  # (free from, the unit that held it), a heap
         workers = [g for g in range(len(self.c.groups)) if g != self.caller_group]
+        units = self.units
         while self.pc < len(self.actions):
             if self.t > self.limit:
                 self.stopped = True
                 return
-            best: Optional[Tuple[float, int, Tuple[float, float, int, int]]] = None
-            action, arg = self.actions[self.pc]
-            caller_turn = action == CALLER_UNITS and self.caller_group is not None
+            best: Optional[Tuple[float, int, Ready]] = None
+            caller_turn = self.actions[self.pc][0] == CALLER_UNITS and self.caller_group is not None
             for g in workers + ([self.caller_group] if caller_turn and self.caller_group is not None else []):
-                if self.head[g] < (self._caller_upto(arg) if g == self.caller_group else self.handed[g]):
-                    ready = self._ready(g, self.t if g == self.caller_group else self.free[g], g == self.caller_group)
+                on_caller = g == self.caller_group
+                if units.heads[g] < (self.handout.caller_upto(g) if on_caller else len(units.lanes[g])):
+                    ready = self._ready(g, self.t if on_caller else self.free[g], on_caller)
                     if ready is not None and (best is None or ready[0] < best[0]):
                         best = (ready[0], g, ready)
             due = self._caller_due()
@@ -229,46 +221,14 @@ class Simulation:
                 if self._step_caller(False):
                     continue
             if best is None:
-                raise RuntimeError(f"the simulation got stuck at caller action {self.actions[self.pc]}; "
-                                   f"this is a bug in the simulator, please report it with the plan")
+                raise self._stuck()
             _, g, (t, picked, why, ref) = best
             core_free, holder = free_cores[0]
             if core_free > t:
                 t, why, ref = core_free, CORE, holder
-            h = self.head[g]
-            key = self.seq.iters[g][h] * self.c.n + self.seq.tasks[g][h]
+            _, slot, it = units.lanes[g][units.heads[g]]
+            key = it * self.n + slot.index
             heapq.heapreplace(free_cores, (self._commit(g, g == self.caller_group, t, picked, why, ref), key))
-
-    def _fetch(self) -> Optional[int]:
-        """The release rule draws a batch: the next iteration, or None past the last."""
-        it = self.created
-        if it >= self.N:
-            return None
-        self.t += self.o.period + self.data_seconds
-        self.created_at[it], self.created = self.t, it + 1
-        return it
-
-    def _hand_out(self) -> None:
-        """A hand-out by the engine's release rule: a step of the fill, or what follows a retirement (the
-        clock: one tick; the data-flow engine: a top-up); then every unit the rule releases is handed out."""
-        rule, entries, created = self.rule, self.entries, self.created
-        if self.fill_steps_done < rule.fill_steps:
-            rule.fill_step(entries, self._fetch)
-            self.fill_steps_done += 1
-        else:
-            rule.after_retire(entries, self._fetch)
-        if self.created == created:
-            self.t += self.o.period  # handing out without a new batch
-        released, horizon = rule.released(entries), entries.horizon(self.c.depth)
-        known = min(*released, horizon)  # (decided, through_period)
-        while len(self.known_at) <= known:
-            self.known_at.append(self.t)
-            self.known_by.append(self.pc)
-        walked = self.c.schedule.walk_all(self.positions, entries.entered, released, horizon, self.c.groups)
-        for g, units in enumerate(walked):
-            if units:
-                self.handed[g] += len(units)
-                self.batches[g].append((self.handed[g], self.t, self.pc))
 
     # -- the threads ---------------------------------------------------------------------------------
 
@@ -280,8 +240,9 @@ class Simulation:
         the caller's own group (``on_caller``), whose units are never waited for in a queue.
         """
         moved = False
-        end = self.handed[g] if upto is None else upto
-        while self.head[g] < end:
+        units = self.units
+        end = len(units.lanes[g]) if upto is None else upto
+        while units.heads[g] < end:
             ready = self._ready(g, free, on_caller)
             if ready is None:
                 break
@@ -289,67 +250,57 @@ class Simulation:
             moved = True
         return moved
 
-    def _ready(self, g: int, free: float, on_caller: bool) -> Optional[Tuple[float, float, int, int]]:
-        """When group ``g``'s next unit can start: ``(start, picked, cause, cause_ref)``, or None while something
-        it waits for has no time yet (see the module docstring)."""
-        c, wake, n = self.c, self.o.wake, self.n
-        h, end = self.head[g], self.end
-        task, it = self.seq.tasks[g][h], self.seq.iters[g][h]
-        batches, bptr = self.batches[g], self.bptr[g]
-        while batches[bptr][0] <= h:
-            bptr += 1
-        self.bptr[g] = bptr
-        released = batches[bptr][1]
+    def _ready(self, g: int, free: float, on_caller: bool) -> Optional[Ready]:
+        """When group ``g``'s next unit can start: ``(start, picked, cause, cause_ref)``, or None while the
+        interpreter says it cannot run yet (see the module docstring)."""
+        units = self.units
+        h = units.heads[g]
+        period, slot, it = units.lanes[g][h]
+        task = slot.index
+        key = it * self.n + task
+        if not units.waits_met(0, task, it, key):  # (the interpreter's can_run, for a head known here)
+            return None
+        wake, end = self.o.wake, self.end
         if on_caller:  # the caller runs it: after its previous unit, or after the caller's last action
             prev = self.last_unit[g]
             t, why, ref = (free, THREAD, prev) if prev >= 0 and end[prev] == free else (free, CALLER, self.pc - 1)
-        elif free >= released:
-            t, why, ref = free, THREAD, self.last_unit[g]
         else:
-            t, why, ref = released + wake, RELEASE, batches[bptr][2]
+            batches, k = self.handout.batches[g], self.handout.read[g]  # when unit h was handed out
+            while batches[k][0] <= h:
+                k += 1
+            self.handout.read[g] = k
+            _, released, action = batches[k]
+            if free >= released:
+                t, why, ref = free, THREAD, self.last_unit[g]
+            else:
+                t, why, ref = released + wake, RELEASE, action
         t += self.o.unit
-        picked, base = t, it * n
-        for d in c.intra[task]:
-            e = end[base + d]
-            if e < 0:
-                return None
-            if e > t:
-                t, why, ref = e + wake, DEP, base + d
-        for d, back in c.inter[task]:
+        picked = t
+        for offset, back in units.deps[0][task]:  # the interpreter's own list of what the unit waits for
             if it >= back:
-                ref_back = base - back * n + d
-                e = end[ref_back]
-                if e < 0:
-                    return None
+                e = end[key + offset]
                 if e > t:
-                    t, why, ref = e + wake, DEP, ref_back
-        task_lines = c.lines_of[task]
-        if task_lines:
-            lines, key = self.seq.lines, base + task
-            if any(lines[line][self.line_ptr[line]] != key for line in task_lines):
-                return None
-            period, known = self.seq.periods[g][h], self.known_at  # numbered once its period is known
-            if period >= len(known):
-                return None
-            if known[period] > t:
-                t, why, ref = known[period] + wake, KNOWN, self.known_by[period]
-            for line in task_lines:
-                ptr = self.line_ptr[line]
-                if ptr > 0 and self.line_end[line] > t:
-                    t, why, ref = self.line_end[line] + wake, TURN, lines[line][ptr - 1]
+                    t, why, ref = e + wake, DEP, key + offset
+        lines = units.lines_of[0][task]
+        if lines:
+            known_at = self.handout.known_at
+            if known_at[period] > t:  # its turns were numbered when its period's were
+                t, why, ref = known_at[period] + wake, KNOWN, self.handout.known_by[period]
+            for line in lines:
+                taken = units.turns[line]
+                if taken:
+                    before = units.orders[line][taken - 1]  # the unit whose turn came last on the line
+                    if end[before] > t:
+                        t, why, ref = end[before] + wake, TURN, before
         return t, picked, why, ref
 
     def _commit(self, g: int, on_caller: bool, t: float, picked: float, why: int, ref: int) -> float:
-        """Record group ``g``'s next unit as starting at ``t``; returns its end."""
-        h = self.head[g]
-        task, it = self.seq.tasks[g][h], self.seq.iters[g][h]
-        key = it * self.n + task
+        """Record group ``g``'s next unit as starting at ``t``, run on paper; returns its end."""
+        key = self.units.run_head(g)
+        it, task = divmod(key, self.n)
         finish = t + self.costs[task][it]
         self.start[key], self.end[key], self.picked[key] = t, finish, picked
         self.cause[key], self.cause_ref[key] = why, ref
-        for line in self.c.lines_of[task]:
-            self.line_ptr[line] += 1
-            self.line_end[line] = finish
         if self.device:
             self._run_on_device(task, it, t, finish)
         if on_caller:
@@ -357,10 +308,8 @@ class Simulation:
         else:
             self.free[g] = finish
         self.last_unit[g] = key
-        self.remaining[it] -= 1
         if finish >= self.iter_end[it]:
             self.iter_end[it], self.iter_last[it] = finish, key
-        self.head[g] = h + 1
         return finish
 
     def _run_on_device(self, task: int, it: int, launched: float, launch_end: float) -> None:

@@ -1,18 +1,11 @@
-"""A plan compiled for the simulator: the engine's own schedule, as flat arrays.
+"""A plan compiled for the simulator: the engine's own schedule, and per task what the time layer reads.
 
 The schedule is not re-derived here: ``compile_plan`` builds it exactly as a pipeline
 does (``runtime.build_tasks`` on a CPU device, then ``Schedule.build``), so the
 simulated submission order, each thread group's slots and the turns are the ones
-the engines run. What is added is only what the simulator needs to go fast: per
-thread group the sequence of its units for ``N`` iterations, per turn line (the
-sequencer, and each stream shared by thread groups) the order its units take turns.
-
-Unit order, the same for both engines (periods are virtual for the data-flow engine),
-is the engines' own (``Schedule.walk``)::
-
-    period p, slot k  ->  iteration p - stage(k)      keep 0 <= iteration < N
-    group g's units   =   (p, k) for p = 0, 1, ...; k over g's slots in submission order
-    a turn line's     =   (p, k) for p = 0, 1, ...; k over the line's slots in submission order
+the engines run, and the simulator hands it to the engine's interpreter of units
+(``engine/interpreter.py``). What is added is what the time layer needs per task as
+flat tuples: its thread group, its stream, its dependencies, the serial order.
 """
 
 from __future__ import annotations
@@ -24,7 +17,7 @@ from ..plan import ordering
 from ..devices.device import CPUDevice
 from ..plan.model import PipelinePlan
 from ..engine.runtime import build_tasks
-from ..engine.release import ALL, Released, rule_of
+from ..engine.release import rule_of
 from ..engine.schedule import Schedule
 
 __all__: List[str] = []
@@ -44,8 +37,6 @@ class CompiledPlan:
     streams: Tuple[str, ...]  # stream labels
     intra: Tuple[Tuple[int, ...], ...]  # task -> its intra-iteration dependencies
     inter: Tuple[Tuple[Tuple[int, int], ...], ...]  # task -> its inter-iteration ones: (task, d), iteration i - d
-    lines_of: Tuple[Tuple[int, ...], ...]  # task -> the turn lines it takes turns on
-    num_lines: int
     serial_order: Tuple[int, ...]
 
     @property
@@ -72,59 +63,13 @@ def compile_plan(plan: PipelinePlan) -> CompiledPlan:
             stream_ids[id(t.stream)] = len(labels)
             labels.append(t.stream_label)
         stream_of.append(stream_ids[id(t.stream)])
-    line_ids: Dict[object, int] = {}
-    lines_of: List[Tuple[int, ...]] = [() for _ in tasks]
-    for slot in schedule.slots:
-        lines_of[slot.index] = tuple(line_ids.setdefault(key, len(line_ids)) for key in schedule.turn_lines(slot))
     index = {name: k for k, name in enumerate(plan.task_names)}
     return CompiledPlan(
         plan=plan, schedule=schedule, names=tuple(plan.task_names), depth=schedule.depth, groups=groups,
         group_of=tuple(group_index[t.group] for t in tasks), stream_of=tuple(stream_of), streams=tuple(labels),
         intra=tuple(tuple(index[d] for d in plan.intra[n]) for n in plan.task_names),
         inter=tuple(tuple((index[d], back) for d, back in plan.inter[n]) for n in plan.task_names),
-        lines_of=tuple(lines_of), num_lines=len(line_ids),
         serial_order=tuple(index[n] for n in ordering.serial_order(plan)))
-
-
-@dataclass
-class UnitSequences:
-    """Each thread group's units for ``N`` iterations, and each turn line's order.
-
-    ``tasks[g][h]``, ``iters[g][h]``, ``periods[g][h]``, ``positions[g][h]`` (its slot's submission position):
-    the ``h``-th unit of group ``g``, in
-    the order ``Schedule.walk`` gives (the one the engines hand out). ``lines[l]``: the
-    units of turn line ``l`` as ``iteration * n + task``, in turn order.
-    """
-
-    tasks: List[List[int]]
-    iters: List[List[int]]
-    periods: List[List[int]]
-    positions: List[List[int]]
-    lines: List[List[int]]
-
-
-def unit_sequences(compiled: CompiledPlan, num_iterations: int) -> UnitSequences:
-    """The units of ``num_iterations`` iterations, per thread group and per turn line (see the module docstring)."""
-    schedule, n = compiled.schedule, compiled.n
-    entered = {i: i for i in range(num_iterations)}
-    everything: Released = (ALL, ALL)
-    horizon = num_iterations + compiled.depth - 2
-    tasks: List[List[int]] = []
-    iters: List[List[int]] = []
-    periods: List[List[int]] = []
-    positions: List[List[int]] = []
-    for group in compiled.groups:
-        units = schedule.walk(group, (0, 0), entered, everything, horizon)[0]
-        tasks.append([slot.index for _, slot, _ in units])
-        iters.append([it for _, _, it in units])
-        periods.append([period for period, _, _ in units])
-        positions.append([slot.position for _, slot, _ in units])
-    lines: List[List[int]] = [[] for _ in range(compiled.num_lines)]
-    for period in range(horizon + 1):
-        for slot, it in schedule.units(period, entered):
-            for line in compiled.lines_of[slot.index]:
-                lines[line].append(it * n + slot.index)
-    return UnitSequences(tasks, iters, periods, positions, lines)
 
 
 def caller_group_allowed(engine: str, live: int, depth: int) -> bool:
