@@ -123,7 +123,8 @@ class Interpreter:
         for a, b in together:
             ka, kb = self.key_of(a), self.key_of(b)
             if ka in self.partner or kb in self.partner or ka == kb:
-                raise ValueError(f"together: {a} and {b}: a unit runs together with one other unit at most; pair each unit once")
+                raise ValueError(f"together: {a} and {b}: a unit runs together with one other unit at most; "
+                                 f"pair each unit once")
             self.partner[ka], self.partner[kb] = kb, ka
 
     def _compile(self, k: int, schedule: Schedule) -> None:
