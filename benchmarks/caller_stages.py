@@ -32,7 +32,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import swpipeline as swp
 from _common import format_table, machine_line, sleeper
-from swpipeline.planning.simulator import simulate
+from swpipeline.tuning.simulator import simulate
 
 COSTS_MS: Dict[str, float] = {"Prep": 4.0, "Fwd": 1.2, "Bwd": 2.0, "Opt": 0.8}
 

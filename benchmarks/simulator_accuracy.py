@@ -50,11 +50,11 @@ import torch
 
 import swpipeline as swp
 from _common import format_table, machine_line, sleeper
-from swpipeline.planning.autoplan import search_plan
-from swpipeline.planning.calibrate import calibrate
-from swpipeline.planning.costs import TaskCosts
-from swpipeline.planning.overheads import EngineOverheads
-from swpipeline.planning.simulator import simulate
+from swpipeline.tuning.autoplan import search_plan
+from swpipeline.tuning.calibrate import calibrate
+from swpipeline.tuning.costs import TaskCosts
+from swpipeline.tuning.overheads import EngineOverheads
+from swpipeline.tuning.simulator import simulate
 
 TARGET = 0.10
 Pipeline = Any  # SWPipeline or DataFlowPipeline

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from engine_helpers import ExecLog, check_dependencies
 from swpipeline import DataFlowPipeline, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
-from swpipeline.planning.autoplan import autoplan, search_plan
-from swpipeline.planning.costs import TaskCost, TaskCosts
-from swpipeline.planning.overheads import EngineOverheads
-from swpipeline.planning.simulator import simulate
+from swpipeline.tuning.autoplan import autoplan, search_plan
+from swpipeline.tuning.costs import TaskCost, TaskCosts
+from swpipeline.tuning.overheads import EngineOverheads
+from swpipeline.tuning.simulator import simulate
 
 ZERO = EngineOverheads.zero()
 Pair = Tuple[str, str]

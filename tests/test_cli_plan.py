@@ -11,9 +11,9 @@ import pytest
 
 from swpipeline import PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
 from swpipeline.cli import main
-from swpipeline.planning.overheads import EngineOverheads
-from swpipeline.planning.simulator import simulate
-from swpipeline.planning.trace_read import plan_from_timeline, read_trace
+from swpipeline.tuning.overheads import EngineOverheads
+from swpipeline.tuning.simulator import simulate
+from swpipeline.tuning.trace_read import plan_from_timeline, read_trace
 
 PLAN = PipelinePlan({"Load": TaskSchedule(0, "io", "io"), "Prep": TaskSchedule(1, "prep", "prep"),
                      "Fwd": TaskSchedule(2), "Bwd": TaskSchedule(2)},

@@ -113,7 +113,7 @@ def test_a_traced_run_records_the_distance_and_the_wait_on_the_right_iteration()
 
 
 def test_a_trace_carries_the_distance_and_the_plan_read_back_has_it(tmp_path: Any) -> None:
-    from swpipeline.planning.trace_read import declared_plan, plan_from_timeline, read_trace
+    from swpipeline.tuning.trace_read import declared_plan, plan_from_timeline, read_trace
 
     plan = make_plan(ExecLog(), SPEC, INTRA, [("Forward", "Step", 2), ("Backward", "Backward")])
     path = tmp_path / "run.json"

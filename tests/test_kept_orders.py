@@ -18,8 +18,8 @@ import torch
 from swpipeline import (DataFlowPipeline, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule, analyze,
                         autoplan, search_plan, simulate)
 from swpipeline.cli import main
-from swpipeline.planning.kept_orders import analysis_orders, orders_dropped, placement_orders
-from swpipeline.planning.overheads import EngineOverheads
+from swpipeline.tuning.kept_orders import analysis_orders, orders_dropped, placement_orders
+from swpipeline.tuning.overheads import EngineOverheads
 
 Batch = Tuple[torch.Tensor, torch.Tensor]
 COSTS = {"Load": 0.003, "Forward": 0.002, "Backward": 0.002, "Step": 0.003}

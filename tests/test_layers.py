@@ -8,7 +8,7 @@ The layers, lowest first (each folder's ``__init__`` says what it may import)::
     training/                         weight versions, used inside tasks (a peer of the three above)
     engine/                           running a plan: the schedule, the release rules, threads, the pipelines
     analysis/                         checking a plan against what its tasks touch
-    planning/                         plans from measured costs
+    tuning/                           the tuning: simulate, measure and search plans from measured costs
     torchrec/  gpipe/  embcache/      applications built on the engine
     cli/                              the command line, and the demo it runs (cli/demo/)
 
@@ -29,7 +29,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "swpipeline"
 LAYERS: List[Tuple[str, ...]] = [("errors", "scoped", "version"), ("plan",),
                                  ("devices", "observe", "shortcut", "training"), ("engine",), ("analysis",),
-                                 ("planning",), ("torchrec", "gpipe", "embcache"), ("cli",)]
+                                 ("tuning",), ("torchrec", "gpipe", "embcache"), ("cli",)]
 LAYER_OF: Dict[str, int] = {part: k for k, parts in enumerate(LAYERS) for part in parts}
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from swpipeline import PipelineTask, analyze, search_plan
-from swpipeline.planning.kept_orders import analysis_orders, orders_dropped
+from swpipeline.tuning.kept_orders import analysis_orders, orders_dropped
 from test_kept_orders import TrainingLoop, train
 
 Batch = Tuple[torch.Tensor, torch.Tensor]

@@ -19,8 +19,8 @@ import torch
 
 from swpipeline import PipelinePlan, TaskSchedule, WeightVersions
 from swpipeline.cli import main
-from swpipeline.planning.overheads import EngineOverheads
-from swpipeline.planning.staleness import chain_between, weight_versions_search
+from swpipeline.tuning.overheads import EngineOverheads
+from swpipeline.tuning.staleness import chain_between, weight_versions_search
 from test_kept_orders import COSTS, GROUPS, LOAD_DROPS, TrainingLoop, one_thread_trace, train
 
 PLAN_ARGS = ["--overheads", "zero", "--skip-first", "0", "--max-in-flight", "3", "--thread-groups", "default,g1,g2"]

@@ -33,7 +33,7 @@ class VirtualClock:
 
 def test_exposed_times_are_what_each_task_costs(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = VirtualClock()
-    monkeypatch.setattr("swpipeline.planning.profiler.time", clock)
+    monkeypatch.setattr("swpipeline.tuning.profiler.time", clock)
     costs = {"T1ms": 1.0, "T9ms": 9.0, "T3ms": 3.0, "T0ms": 0.0}
     plan = clock.chain(costs)
     result = TaskProfiler(SWPipeline(plan, device="cpu")).profile(None, num_warmup=1, num_measure=4, num_rounds=3)
@@ -46,7 +46,7 @@ def test_a_drifting_machine_is_cancelled_by_pairing(monkeypatch: pytest.MonkeyPa
     # Every timed block runs 10% slower than the one before (a machine slowing down); each shortcut block is
     # compared with the baseline block measured just before it, so the drift shows only as that 10%.
     clock = VirtualClock()
-    monkeypatch.setattr("swpipeline.planning.profiler.time", clock)
+    monkeypatch.setattr("swpipeline.tuning.profiler.time", clock)
     blocks = [0]
     real_round = TaskProfiler._timed_round
 
@@ -65,7 +65,7 @@ def test_a_drifting_machine_is_cancelled_by_pairing(monkeypatch: pytest.MonkeyPa
 
 def test_profiling_restores_the_shortcut_state_and_respects_skip_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = VirtualClock()
-    monkeypatch.setattr("swpipeline.planning.profiler.time", clock)
+    monkeypatch.setattr("swpipeline.tuning.profiler.time", clock)
     costs = {"T0ms": 0.0, "T0.5ms": 0.5, "T0.25ms": 0.25}
     pipe = SWPipeline(clock.chain(costs), device="cpu")
     pipe.enable_shortcut("T0.5ms")

@@ -11,13 +11,13 @@ from hypothesis import strategies as st
 
 from engine_helpers import ExecLog, make_plan, valid_plans
 from swpipeline import DataFlowPipeline, PipelinePlan, SWPipeline, TaskSchedule
-from swpipeline.planning.costs import TaskCost, TaskCosts
-from swpipeline.planning.overheads import EngineOverheads
+from swpipeline.tuning.costs import TaskCost, TaskCosts
+from swpipeline.tuning.overheads import EngineOverheads
 from swpipeline.plan.ordering import last_stage_group
-from swpipeline.planning.profiler import ProfileResult
+from swpipeline.tuning.profiler import ProfileResult
 from swpipeline.observe.records import DependencyWait, TaskRecord
-from swpipeline.planning.sim_result import SimResult
-from swpipeline.planning.simulator import simulate
+from swpipeline.tuning.sim_result import SimResult
+from swpipeline.tuning.simulator import simulate
 from swpipeline.observe.timeline import Timeline
 
 
@@ -264,7 +264,7 @@ def test_overheads_measured_in_a_timeline() -> None:
 
 def test_calibrate_measures_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     # The constants are what calibrate's docstring says, read off the timelines of its own probe runs.
-    from swpipeline.planning.calibrate import calibrate
+    from swpipeline.tuning.calibrate import calibrate
 
     traced: Dict[Tuple[str, ...], Timeline] = {}
     real_run = SWPipeline.run

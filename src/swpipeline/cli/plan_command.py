@@ -24,17 +24,17 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..analysis.races import HappensBefore
 from .args import int_at_least, name_list
 from .plan_orders import flag, format_faster, format_kept, format_tradeoff
-from ..planning.autoplan import search_plan
-from ..planning.costs import TaskCosts
-from ..planning.kept_orders import Order, keep_placement, order_text, with_orders
-from ..planning.overheads import EngineOverheads
+from ..tuning.autoplan import search_plan
+from ..tuning.costs import TaskCosts
+from ..tuning.kept_orders import Order, keep_placement, order_text, with_orders
+from ..tuning.overheads import EngineOverheads
 from ..plan.model import PipelinePlan
-from ..planning.plan_report import format_comparison, format_plan
-from ..planning.sim_result import SimResult
-from ..planning.simulator import simulate
-from ..planning.staleness import check_pair, weight_versions_search
+from ..tuning.plan_report import format_comparison, format_plan
+from ..tuning.sim_result import SimResult
+from ..tuning.simulator import simulate
+from ..tuning.staleness import check_pair, weight_versions_search
 from ..observe.timeline import Timeline
-from ..planning.trace_read import declared_plan, plan_from_timeline, read_trace
+from ..tuning.trace_read import declared_plan, plan_from_timeline, read_trace
 
 __all__: List[str] = []
 
@@ -141,7 +141,7 @@ def _overheads(choice: str) -> EngineOverheads:
     if choice == "zero":
         return EngineOverheads.zero()
     if choice == "calibrate":
-        from ..planning.calibrate import calibrate
+        from ..tuning.calibrate import calibrate
 
         return calibrate()
     return EngineOverheads()

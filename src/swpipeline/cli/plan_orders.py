@@ -14,11 +14,11 @@ from typing import Dict, List, Optional, Sequence
 
 from ..analysis.races import Placement
 from ..plan.model import PipelinePlan
-from ..planning.kept_orders import Order, grouped_text, order_text, orders_dropped
-from ..planning.plan_report import format_comparison, format_plan
-from ..planning.search_result import PlanSearch
-from ..planning.sim_result import SimResult
-from ..planning.staleness import WeightVersionsPlan
+from ..tuning.kept_orders import Order, grouped_text, order_text, orders_dropped
+from ..tuning.plan_report import format_comparison, format_plan
+from ..tuning.search_result import PlanSearch
+from ..tuning.sim_result import SimResult
+from ..tuning.staleness import WeightVersionsPlan
 
 __all__: List[str] = []
 

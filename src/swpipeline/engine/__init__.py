@@ -21,7 +21,7 @@
   (what the tools lend the engine without the engine importing them).
 
 May import: the plan model, devices, observers, shortcut and the leaves. Never the analysis,
-the planning tools, the applications or the command line.
+the tuning tools, the applications or the command line.
 """
 
 from typing import List

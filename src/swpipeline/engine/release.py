@@ -248,5 +248,5 @@ class DataFlowRule(ReleaseRule):
 
 
 def rule_of(engine: str, depth: int, max_live: int) -> ReleaseRule:
-    """The release rule of an engine by its name in the planning tools: ``"clocked"`` or ``"dataflow"``."""
+    """The release rule of an engine by its name in the tuning tools: ``"clocked"`` or ``"dataflow"``."""
     return ClockRule(depth) if engine == "clocked" else DataFlowRule(depth, max_live)

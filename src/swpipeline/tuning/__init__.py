@@ -1,4 +1,4 @@
-"""Plans from measured costs: predict a plan's throughput, and search for a faster one.
+"""The tuning: predict a plan's throughput from measured costs, and search for a faster plan.
 
 * ``costs.py``: ``TaskCost``/``TaskCosts``, from a traced run, the profiler or by hand;
 * ``overheads.py``, ``calibrate.py``: the engine's own costs (``EngineOverheads``);
