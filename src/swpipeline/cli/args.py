@@ -1,7 +1,7 @@
 """What the commands of ``swpipeline`` share to read their arguments: the parser, and two argument types.
 
-A leaf: it imports nothing of swpipeline, so ``cli.py`` and every command (``demo/command.py``,
-``tuning/cli_plan.py``) can import it without an import circle.
+A leaf: it imports nothing of swpipeline, so the dispatcher (``cli/__init__.py``) and every command
+(``demo/command.py``, ``plan_command.py``) can import it without an import circle.
 """
 
 from __future__ import annotations

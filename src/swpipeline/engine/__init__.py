@@ -4,7 +4,7 @@
   the turns' order ``turn_units``), ``interpreter.py`` (**the one interpreter of the schedule's
   units**: when a unit may run, turns, retirement; over one schedule or several with cross waits),
   ``paper.py`` (runs on paper: the deadlock check ``check``/``check_together``, the step boundary
-  ``settle``, the engine's hand-out ``PaperEngine``), ``stuck.py`` (a stuck paper run in words);
+  ``boundary``, the engine's hand-out ``PaperEngine``), ``stuck.py`` (a stuck paper run in words);
 * ``release.py``: when a unit is handed out: the period clock (``ClockRule``) and the data-flow
   engine's rule (``DataFlowRule``);
 * a run: ``assemble.py`` (**where a run is assembled**, from its parts), ``run.py`` (``Run``: the

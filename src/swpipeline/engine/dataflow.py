@@ -23,9 +23,9 @@ deadlock are written once for both engines: the release rule in ``release.py``
 ``max_depth`` than the depth is accepted only if ``paper.check`` runs the plan to the
 end with it.
 
-The step boundary (``progress(advance=False)``, see ``base``) waits for the units handed
+The step boundary (``progress(advance=False)``, see ``pipeline.py``) waits for the units handed
 out that do not wait, directly or through others, on a unit not handed out
-(``paper.settle`` finds them on paper: they are what runs if nothing more is handed
+(``paper.boundary`` finds them on paper: they are what runs if nothing more is handed
 out, whatever the timing). That includes later iterations' units the engine ran ahead
 on, within the live contexts; the caller's group has run the oldest iteration's last
 period (a held step runs the whole of it) and runs nothing in between.

@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..plan.model import IterContext
 from .modes import Modes
-from .paper import settle
+from . import paper
 from .release import Entries, Fetch, Released, ReleaseRule
 from .runtime import BoundTask
 from .schedule import WHOLE_PERIOD, Position, Schedule
@@ -112,7 +112,7 @@ class HandOut:
         self._hand_out(self.rule.retired(self.entries, oldest, self.draw if draws else None), modes)
 
     def boundary(self, retired: int) -> Dict[int, int]:
-        """What runs, if nothing more is handed out, of the units handed out (``paper.settle``): every one
+        """What runs, if nothing more is handed out, of the units handed out (``paper.boundary``): every one
         that does not wait, directly or through others, on a unit not handed out (``retired``: the iterations
         below it are done)."""
         entered = {period: ctx.iter_idx for period, ctx in self.entries.entered.items() if ctx.iter_idx >= retired}
@@ -126,7 +126,7 @@ class HandOut:
                 period, cut = self.caller.ran_to  # it ran (every unit up to its last stop) is done, the rest waits
                 end = min(end, (period, sum(slot.position <= cut for slot in slots)))
             handed[group] = self.schedule.lane_units(group, (first, 0), end, entered)
-        return settle(self.schedule, handed, entered, range(first, self.numbered), retired)
+        return paper.boundary(self.schedule, handed, entered, range(first, self.numbered), retired)
 
     def let_go(self) -> None:
         """The run stopped: drop the contexts still entered (they hold the caller's batches)."""

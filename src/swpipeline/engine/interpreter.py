@@ -3,7 +3,7 @@ iteration is done. Every run of a schedule on paper drives it; a rule about when
 and nowhere else.
 
 Its drivers: the deadlock check (``paper.check``, ``paper.check_together``), the step boundary
-(``paper.settle``) and the simulator (``tuning/sim_core.py``, which puts times on top: a unit that
+(``paper.boundary``) and the simulator (``tuning/sim_core.py``, which puts times on top: a unit that
 may run starts at the latest end of what it waited for). The engines themselves run the same rule with
 threads: a dependency is a completion signal, a turn a ``signals.Turns``, a lane a worker's FIFO queue.
 

@@ -3,17 +3,17 @@
 ``check`` runs a number of batches through a schedule under an engine's release rule
 (``release.py``) exactly as the engines hand out work, and raises ``ScheduleError`` if it
 could ever get stuck; ``check_together`` does the same for several schedules at once (one
-per rank) whose units wait on each other. ``settle`` finds what runs of units already
+per rank) whose units wait on each other. ``boundary`` finds what runs of units already
 handed out if nothing more is (the step boundary). All three drive the one interpreter of
 the schedule's units (``interpreter.py``); each engine on paper does what the engine does::
 
-    fill          rule.fill: draw the first batches (iteration i enters in period i)
+    fill          rule.fill_step: draw the first batches (iteration i enters in period i)
     hand out      number the turns of every period decided; walk each group's order as far as the
                   rule released it and append it to the group's lane
     run           the interpreter runs every unit that can; the caller's group only what one
                   progress() call runs (Schedule.runs_before_retire, up to rule.caller_through)
     retire        the oldest iteration once all its units ran and the caller has nothing left
-                  before retiring; then rule.after_retire draws what comes next, and hand out
+                  before retiring; then rule.retired draws what comes next, and hand out
 
 Nothing else moves a paper run, and running a unit never disables another, so one
 maximal run decides for every timing whether the schedules complete.
@@ -112,9 +112,10 @@ class PaperEngine:
         if self.fill_steps_done < rule.fill_steps:
             rule.fill_step(entries, self.fetch)
             self.fill_steps_done += 1
+            released = rule.released(entries)
         else:
-            rule.after_retire(entries, self.fetch)
-        released, horizon = rule.released(entries), entries.horizon(self.schedule.depth)
+            released = rule.retired(entries, None, self.fetch)  # the oldest retired already (retire)
+        horizon = entries.horizon(self.schedule.depth)
         through, first = min(*released, horizon), self.numbered  # (through_period, decided)
         interpreter = self.interpreter
         while self.numbered <= through:
@@ -202,7 +203,7 @@ class PaperRun:
                              f"iteration(s): {why or 'nothing is handed out'}\n{shown}", why)
 
 
-def settle(schedule: Schedule, handed: Mapping[str, Sequence[Unit[int]]], entered: Mapping[int, int],
+def boundary(schedule: Schedule, handed: Mapping[str, Sequence[Unit[int]]], entered: Mapping[int, int],
            numbered: range, retired: int) -> Dict[int, int]:
     """What runs, on paper, of units already handed out if nothing more is: per task index, the last iteration of it
     that does (a task absent: none).

@@ -17,7 +17,7 @@ so what the caller's frames hold is freed when the caller drops the exception.
 
 The step boundary. ``progress(it, advance=False)`` retires iteration k, then waits until
 every unit already handed out that can run without more being handed out has returned
-(``Run.settle``), and returns; nothing is handed out until ``advance()``. So in
+(``Run.wait_for_boundary``), and returns; nothing is handed out until ``advance()``. So in
 between no task runs: a unit not waited for waits, directly or through others, for a
 unit not handed out (the boundary is the fixpoint of "its dependencies, its thread
 group's earlier units and its turns are done or will be"), and only ``advance()`` hands
@@ -162,7 +162,7 @@ class _PipelineBase(_PipelineParts):
                 run.handout.after_retire(oldest, draws, Modes.capture(self._mode_types))
             else:
                 run.life.hold(oldest, draws)
-                run.settle()
+                run.wait_for_boundary()
             return oldest
         except BaseException as exc:
             self._fail(run, exc)

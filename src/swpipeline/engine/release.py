@@ -107,28 +107,18 @@ class ReleaseRule:
         """Why no thread group may run on the caller's thread under this rule, in words (None: one may)."""
         return None
 
-    def fill(self, entries: Entries[T], fetch: Fetch[T]) -> None:
-        """Draw the first batches (also after ``progress(None)`` emptied the pipeline)."""
-        for _ in range(self.fill_steps):
-            self.fill_step(entries, fetch)
-
     def fill_step(self, entries: Entries[T], fetch: Fetch[T]) -> None:
         """One hand-out of the fill."""
         raise NotImplementedError
-
-    def after_retire(self, entries: Entries[T], fetch: Optional[Fetch[T]]) -> None:
-        """The oldest iteration retired (``entries`` has dropped it); draw what comes next (``fetch`` None:
-        a step without a batch)."""
-        self.retired(entries, None, fetch)
 
     def released(self, entries: Entries[T]) -> Released:
         raise NotImplementedError
 
     def retired(self, entries: Entries[T], oldest: Optional[int], fetch: Optional[Fetch[T]]) -> Released:
         """What the engines do once per iteration, in one call: ``oldest`` retires (None: it did already), the
-        rule draws what comes next (``after_retire``), and how far every order may now be handed out. Each rule
-        writes it out in one function, since it runs once per iteration; ``after_retire`` (``paper.PaperEngine``,
-        on paper) is this same function."""
+        rule draws what comes next (``fetch`` None: a step without a batch), and how far every order may now be
+        handed out. Each rule writes it out in one function, since it runs once per iteration; the engines
+        (``handout.HandOut``) and their hand-out on paper (``paper.PaperEngine``) call this same function."""
         raise NotImplementedError
 
     def caller_through(self, entries: Entries[T]) -> int:

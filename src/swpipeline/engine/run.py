@@ -15,7 +15,7 @@ the others or of the run::
                                   feed, puts units on the crew's queues
 
 What the run adds is what needs several parts at once: ``start``, ``retire_oldest`` (the
-board, the device, the feed), ``settle`` (the step boundary) and ``stop``.
+board, the device, the feed), ``wait_for_boundary`` (the step boundary) and ``stop``.
 
 Every way out of ``running`` goes through ``stop``: abort (every waiting thread wakes
 and every worker starts nothing more), ask each worker to end, and join them all
@@ -133,7 +133,7 @@ class Run:
         feed.next_retire = oldest + 1
         return oldest
 
-    def settle(self) -> None:
+    def wait_for_boundary(self) -> None:
         """Wait until every unit handed out that can run without more being handed out has (the step boundary,
         ``HandOut.boundary``); raise the run's failure if any, or ProgressTimeoutError naming what is left."""
         board, life = self.board, self.life

@@ -3,7 +3,7 @@
 A queue item is a *batch* of work units that the worker runs in order: the
 clock-driven engine puts one batch per thread group per period (one hand-off
 between threads per period, not per task); the data-flow engine puts what became
-ready. A unit is a ``schedule.Unit`` (its period, slot and context). An item also carries the torch modes of
+ready. A unit is a ``schedule.Work`` (its period, slot and context). An item also carries the torch modes of
 the call that handed it out (``modes.Modes``, None for a fresh thread's), which its
 units run under.
 
@@ -43,11 +43,11 @@ import torch
 from ..devices.annotations import profiler_active
 from .modes import Modes, weight_cache_off
 from .executor import RunBatch
-from .schedule import WHOLE_PERIOD, Work as Unit
+from .schedule import WHOLE_PERIOD, Work
 
 __all__: List[str] = []
 
-Report = Callable[[BaseException, Optional[Unit]], None]
+Report = Callable[[BaseException, Optional[Work]], None]
 RunBatches = Tuple[RunBatch, RunBatch]  # (plain, annotated): see _UnitRunner
 
 
@@ -119,12 +119,12 @@ class _UnitRunner:
     batch runner (``executor.make_batch_runner``), which names the unit being run in ``current`` and hands a
     failure to ``report``."""
 
-    current: Optional[Unit]  # the unit being run (None between batches)
+    current: Optional[Work]  # the unit being run (None between batches)
     report: Report
     _run_batch: RunBatch
     _annotated_batch: RunBatch
 
-    def _run_units(self, units: Sequence[Unit], modes: Optional[Modes]) -> bool:
+    def _run_units(self, units: Sequence[Work], modes: Optional[Modes]) -> bool:
         """Run ``units`` in order under ``modes`` (None: the thread's own); False if the worker must end (its
         run was aborted, or a unit failed)."""
         run_batch = self._annotated_batch if profiler_active() else self._run_batch
@@ -139,7 +139,7 @@ class Worker(_UnitRunner):
 
     def __init__(self, group: str, batches: RunBatches, report: Report, enter_thread: Callable[[], None]) -> None:
         self.group = group
-        self.current: Optional[Unit] = None
+        self.current: Optional[Work] = None
         self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._run_batch, self._annotated_batch = batches
         self.report = report
@@ -180,7 +180,7 @@ class Worker(_UnitRunner):
                 return
             time.sleep(0.0002)
 
-    def put(self, units: Sequence[Unit], modes: Optional[Modes] = None, period: Optional[int] = None) -> None:
+    def put(self, units: Sequence[Work], modes: Optional[Modes] = None, period: Optional[int] = None) -> None:
         self._queue.put((modes, units))
 
     def watch(self, owner: object, orphaned: Callable[[], None]) -> None:
@@ -243,14 +243,14 @@ class CallerWorker(_UnitRunner):
 
     def __init__(self, group: str, batches: RunBatches, report: Report) -> None:
         self.group = group
-        self.current: Optional[Unit] = None
+        self.current: Optional[Work] = None
         self.thread: Optional[threading.Thread] = None
-        self._queue: Deque[Tuple[Optional[Modes], Sequence[Unit], Optional[int]]] = collections.deque()
+        self._queue: Deque[Tuple[Optional[Modes], Sequence[Work], Optional[int]]] = collections.deque()
         self._run_batch, self._annotated_batch = batches
         self.report = report
         self.ran_to: Tuple[int, int] = (-1, WHOLE_PERIOD)  # (through, cut) of the last run_queued: all up to it ran
 
-    def put(self, units: Sequence[Unit], modes: Optional[Modes] = None, period: Optional[int] = None) -> None:
+    def put(self, units: Sequence[Work], modes: Optional[Modes] = None, period: Optional[int] = None) -> None:
         """Queue ``units``; ``period``: the (virtual) period they all belong to, if the engine runs the group
         only up to some point per call (see ``run_queued``)."""
         self._queue.append((modes, units, period))

@@ -4,7 +4,7 @@ A task handed ``RecordingView(journal)`` instead of its ``IterContext`` cannot t
 difference (attributes, ``vars()``, ``isinstance``, ``__class__``, ``repr``, ``copy``,
 ``pickle``/``torch.save``, equality and hashing all behave as the context's do), while
 every attribute read, assignment and deletion reaches the ``Journal``'s hooks. Three
-users override those hooks: the task shortcut's caching run (``shortcut.py``: the default
+users override those hooks: the task shortcut's caching run (``replay.py``: the default
 hooks, which keep what the task did in effect), the plan analysis (``analysis/access.py``) and the race checker
 (``analysis/checked_call.py``).
 
@@ -31,7 +31,7 @@ class Journal:
     ``watches`` (a value the task may change in place; the cache keeps no such record), and
     ``read_all`` when the task looks at every attribute at once (iterating, copying or
     comparing ``vars(ctx)``). The default hooks keep ``final``, ``existed`` and ``reads``,
-    from which the task shortcut takes its cache (``shortcut.py``); the recording journals
+    from which the task shortcut takes its cache (``replay.py``); the recording journals
     of the analysis and the race checker override the hooks (and, for speed, the accessors).
     """
 

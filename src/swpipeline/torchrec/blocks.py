@@ -26,7 +26,7 @@ rewrite (``fix_forward_devices``).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, List, Optional
+from typing import Any, List, Optional
 
 import torch
 from torchrec.distributed.comm_ops import torchrec_use_sync_collectives as torchrec_use_sync_collectives
@@ -104,9 +104,3 @@ def stream_context(stream: Optional[Any]) -> Any:
     if stream is None:
         return contextlib.nullcontext()
     return torch.get_device_module(stream.device).stream(stream)
-
-
-@contextlib.contextmanager
-def no_context() -> Iterator[None]:
-    """A context manager that does nothing (the task's own stream is already current)."""
-    yield

@@ -242,10 +242,6 @@ class TaskCosts(Mapping[str, TaskCost]):
                                          tuple(s * f for s in c.samples), tuple(s * f for s in c.device_samples))
                           for name, c in self._costs.items()})
 
-    def without_samples(self) -> "TaskCosts":
-        """The same typical costs without per-iteration samples (no jitter)."""
-        return TaskCosts({name: TaskCost(c.seconds, c.device) for name, c in self._costs.items()})
-
     # -- reading -------------------------------------------------------------------------------
 
     def __getitem__(self, name: str) -> TaskCost:

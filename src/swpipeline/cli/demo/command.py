@@ -1,6 +1,6 @@
 """``swpipeline demo``: its options, and the run from them to the printed comparison.
 
-``add_arguments`` and ``run`` are what ``cli.py`` dispatches to; ``run_demo`` is the demo
+``add_arguments`` and ``run`` are what ``cli/__init__.py`` dispatches to; ``run_demo`` is the demo
 itself, for a config and a device: print the plan, train serially and pipelined, print
 the comparison and write the outputs.
 """
