@@ -18,9 +18,9 @@ from .errors import PipelineTimeoutError as PipelineTimeoutError
 from .errors import ProgressTimeoutError as ProgressTimeoutError
 from .errors import SequencerTimeoutError as SequencerTimeoutError
 from .errors import SharedStreamWarning as SharedStreamWarning
+from .plan.context import FreedAttributeError as FreedAttributeError
+from .plan.context import IterContext as IterContext
 from .plan.model import DeclaredIO as DeclaredIO
-from .plan.model import FreedAttributeError as FreedAttributeError
-from .plan.model import IterContext as IterContext
 from .plan.model import PipelinePlan as PipelinePlan
 from .plan.model import PipelineTask as PipelineTask
 from .plan.model import TaskSchedule as TaskSchedule

@@ -49,7 +49,8 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..plan.model import DeclaredIO, IterContext, PipelineTask
+from ..plan.context import IterContext
+from ..plan.model import DeclaredIO, PipelineTask
 from ..shortcut.recording import Journal, RecordingView
 from .generators import GeneratorKey, generator_name, named_generators
 from .inplace import WATCHED, ValueWatch, attributes_meeting

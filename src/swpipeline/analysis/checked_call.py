@@ -33,7 +33,7 @@ from .generators import GeneratorKey
 from .inplace import WATCHED, ValueWatch, attributes_meeting
 from .memory import Region, regions_of
 from .operators import OperatorObserver
-from ..plan.model import IterContext
+from ..plan.context import IterContext
 from ..shortcut.recording import JOURNAL_SLOT, Journal, RecordingView
 
 __all__: List[str] = []

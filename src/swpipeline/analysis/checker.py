@@ -46,7 +46,8 @@ from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Set
 import torch
 
 from ..plan import ordering
-from ..plan.model import IterContext, PipelinePlan, PipelineTask
+from ..plan.context import IterContext
+from ..plan.model import PipelinePlan, PipelineTask
 from .access import DRAW, READ, WRITE
 from .checked_call import EVERY, FINISHED, Access, CheckedJournal, CheckedView, Log, Unit, new_view, set_journal
 from .generators import GeneratorKey, generator_name, named_generators

@@ -16,7 +16,7 @@ from typing import Any, Deque, Dict, Iterable, Iterator, List, Mapping, Optional
 
 import torch
 
-from ..plan.model import IterContext
+from ..plan.context import IterContext
 from .memory import RegionIndex
 
 __all__: List[str] = []

@@ -31,7 +31,8 @@ from typing import AbstractSet, Any, Callable, Dict, List, Mapping, Optional, Se
 from ..plan import ordering
 from .access import DRAW, READ, READ_ALL, IterationAccess, StateRecorder, TaskAccess, recording_view
 from ..errors import annotate, stop_iteration_error
-from ..plan.model import IterContext, NamedOnlyTask, PipelinePlan, PipelineTask
+from ..plan.context import IterContext
+from ..plan.model import NamedOnlyTask, PipelinePlan, PipelineTask
 from .races import HappensBefore, InterDeps, Placement, conflict_clause, dependency_fix, draw_hint, staleness_hint
 
 __all__: List[str] = []

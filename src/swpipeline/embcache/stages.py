@@ -45,7 +45,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from ..plan.model import IterContext, PipelinePlan, PipelineTask, TaskSchedule
+from ..plan.context import IterContext
+from ..plan.model import PipelinePlan, PipelineTask, TaskSchedule
 
 __all__: List[str] = []
 

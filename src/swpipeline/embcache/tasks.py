@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
 
-from ..plan.model import IterContext
+from ..plan.context import IterContext
 from .batches import record_stream, to_device
 from .directory import SwapPlan
 from .input_dist import ReplicatedInputDist

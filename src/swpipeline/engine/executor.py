@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol,
 from ..devices.annotations import run_annotated
 from ..devices.device import Device
 from .lifetime import keep_written
-from ..plan.model import IterContext
+from ..plan.context import IterContext
 from .runtime import BoundTask
 from .schedule import Work
 

@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterator, List, Optional, cast
 
 from ..devices.device import Device
 from ..errors import add_note
-from ..plan.model import IterContext
+from ..plan.context import IterContext
 from .runtime import BoundTask
 
 __all__: List[str] = []

@@ -36,7 +36,7 @@ import operator
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..plan.model import IterContext
+from ..plan.context import IterContext
 from .modes import Modes
 from . import paper
 from .release import Entries, Fetch, Released, ReleaseRule

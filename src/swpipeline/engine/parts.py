@@ -28,7 +28,8 @@ from ..errors import SharedStreamWarning, warn_caller
 from ..observe.stats import RunStats
 from ..observe.timeline import Timeline
 from ..plan import ordering
-from ..plan.model import IterContext, PipelinePlan
+from ..plan.context import IterContext
+from ..plan.model import PipelinePlan
 from ..shortcut.replay import ShortcutSettings
 from .assemble import RunSettings
 from .crew import Stragglers

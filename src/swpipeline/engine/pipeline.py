@@ -36,7 +36,7 @@ from . import shutdown
 from ..devices.annotations import resolve_emit_nvtx
 from ..observe.progress_line import ProgressLine, len_or_none
 from ..observe.timeline import parse_trace
-from ..plan.model import IterContext
+from ..plan.context import IterContext
 from .assemble import assemble_run
 from .driving import driving
 from .modes import Modes

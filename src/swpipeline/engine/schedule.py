@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, TypeVar
 
 from ..plan import ordering
-from ..plan.model import IterContext, PipelinePlan
+from ..plan.context import IterContext
+from ..plan.model import PipelinePlan
 from .release import ALL, Released
 
 __all__: List[str] = []

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, List
 
 from ..devices.annotations import profiler_active, run_annotated
 from ..errors import annotate, stop_iteration_error
-from ..plan.model import IterContext
+from ..plan.context import IterContext
 from ..observe.progress_line import ProgressLine, len_or_none
 
 if TYPE_CHECKING:

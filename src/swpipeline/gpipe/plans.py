@@ -36,7 +36,8 @@ from __future__ import annotations
 from functools import partial
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ..plan.model import IterContext, PipelinePlan, PipelineTask, TaskSchedule
+from ..plan.context import IterContext
+from ..plan.model import PipelinePlan, PipelineTask, TaskSchedule
 from .cells import backward_cell, copy_cell, copy_grad_cell, forward_cell, recompute_cell
 from .streams import compute_stream, copy_stream
 

@@ -19,7 +19,7 @@ from typing import Any, List, Optional
 
 import torch
 
-from .model import IterContext
+from .context import IterContext
 
 __all__: List[str] = []
 

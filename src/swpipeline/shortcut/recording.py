@@ -16,7 +16,7 @@ from __future__ import annotations
 from copy import deepcopy
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
-from ..plan.model import IterContext
+from ..plan.context import IterContext
 
 __all__: List[str] = []
 

@@ -29,7 +29,8 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence
 
 import torch
 
-from ..plan.model import IterContext, PipelineTask
+from ..plan.context import IterContext
+from ..plan.model import PipelineTask
 from .recording import Journal, RecordingView
 from ..scoped import Scoped
 from .snapshot import Cached, Restorer, Snapshot, Unreplayable

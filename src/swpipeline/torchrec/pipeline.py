@@ -32,7 +32,8 @@ from typing import Any, Callable, Iterator, List, Optional
 
 import torch
 
-from ..plan.model import IterContext, PipelinePlan
+from ..plan.context import IterContext
+from ..plan.model import PipelinePlan
 from .feed import BatchFeed, RankAgreement
 from ..engine.clocked import SWPipeline
 from .model_state import ModelRuntime

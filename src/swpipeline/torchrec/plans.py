@@ -39,7 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-from ..plan.model import IterContext, PipelinePlan, PipelineTask, TaskSchedule
+from ..plan.context import IterContext
+from ..plan.model import PipelinePlan, PipelineTask, TaskSchedule
 
 __all__: List[str] = []
 

@@ -42,7 +42,8 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import torch
 
-from ..plan.model import IterContext, PipelinePlan, PipelineTask, TaskSchedule
+from ..plan.context import IterContext
+from ..plan.model import PipelinePlan, PipelineTask, TaskSchedule
 from .pipeline import PlannedTrainPipeline
 
 __all__: List[str] = []

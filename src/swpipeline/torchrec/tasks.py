@@ -36,7 +36,7 @@ import torch
 from . import blocks
 from .compiled import CompiledAutograd, PT2Compile
 from .model_state import ModelRuntime
-from ..plan.model import IterContext
+from ..plan.context import IterContext
 
 __all__: List[str] = []
 

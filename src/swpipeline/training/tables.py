@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 import torch
 
-from ..plan.model import IterContext
+from ..plan.context import IterContext
 
 if TYPE_CHECKING:
     from _collections_abc import dict_items, dict_values

@@ -63,7 +63,6 @@ later step, which the plan's dependencies order after every backward that used i
 from __future__ import annotations
 
 import contextlib
-import itertools
 import threading
 import weakref
 from dataclasses import dataclass
@@ -71,7 +70,8 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Se
 
 import torch
 
-from ..plan.model import IterContext
+from ..plan.context import IterContext
+from .live import LiveParameters
 from .tables import VersionedParameters, iteration_context, keep_for_this_stream, refusal, refuse_load_inside_use
 
 __all__: List[str] = []
@@ -152,11 +152,8 @@ class WeightVersions:
             raise ValueError(f"WeightVersions cannot version this {type(module).__name__}: {why}")
         self.module = module
         self.staleness = staleness
-        self._live = list(module.parameters())  # each parameter once, shared ones too
         self._local = threading.local()  # .current: the leaves of the iteration this thread runs under use
-        self._layout = self._current_layout()
-        self._names = {id_: name for name, id_, *_ in self._layout}
-        self._version_bytes = sum(p.numel() * p.element_size() for p in self._live)
+        self._live = LiveParameters(module, self._local)
         self._lock = threading.Lock()
         self._versions: Dict[int, List[torch.Tensor]] = {}  # v -> the weights after the step of iteration v - 1
         self._in_flight: Dict[int, _InFlight] = {}
@@ -165,7 +162,6 @@ class WeightVersions:
         self._first = 0  # the run's first iteration: its version w_0 is numbered this
         self._next = 0  # the iteration whose step comes next
         self._stepping = False
-        self._handed = self._grads_now()  # the live gradients the last step left (or found at the start)
         self._published = self._peak = 0
         self._closed = False
         self._load_hooks = [_before_load(sub, refuse_load_inside_use) for sub in module.modules()]
@@ -219,20 +215,21 @@ class WeightVersions:
         optimizers: Sequence[Any] = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
         held = self._claim_step(ctx, i)
         try:
-            self._check_layout()
-            self._check_unchanged(held, i)
-            self._check_no_stray_gradient(i)
-            for p in self._live:
+            live = self._live
+            live.check_layout()
+            live.check_unchanged(held.leaves, held.marks, i)
+            live.check_no_stray_gradient(i)
+            for p in live.params:
                 p.grad = held.leaves[id(p)].grad
-            keep_for_this_stream([p.grad for p in self._live])
+            keep_for_this_stream([p.grad for p in live.params])
             if before_step is not None:
                 before_step()
             for opt in optimizers:
                 opt.step()
             for opt in optimizers:
                 opt.zero_grad()
-            self._handed = self._grads_now()
-            new = self._copy_live()
+            live.handed = live.grads_now()
+            new = live.copy()
         except BaseException:
             with self._lock:
                 self._stepping = False
@@ -260,12 +257,12 @@ class WeightVersions:
         version's memory, and so its name)."""
         with self._lock:
             return [(p, f"version {v}", t)
-                    for v, tensors in self._versions.items() for p, t in zip(self._live, tensors)]
+                    for v, tensors in self._versions.items() for p, t in zip(self._live.params, tensors)]
 
     def stats(self) -> VersionStats:
         """How many versions were alive at most, and what one costs."""
         with self._lock:
-            return VersionStats(self.staleness, self._peak, self._version_bytes, self._published)
+            return VersionStats(self.staleness, self._peak, self._live.version_bytes, self._published)
 
     def close(self) -> None:
         """Give the module back its plain parameter tables (the live parameters, as trained) and drop the versions."""
@@ -314,7 +311,7 @@ class WeightVersions:
             stash = self._versions.get(v)
             if stash is None:
                 raise RuntimeError(self._unpublished(i, v))
-            leaves = {id(p): t.detach().requires_grad_(p.requires_grad) for p, t in zip(self._live, stash)}
+            leaves = {id(p): t.detach().requires_grad_(p.requires_grad) for p, t in zip(self._live.params, stash)}
             self._in_flight[i] = _InFlight(weakref.ref(ctx), leaves, tuple(t._version for t in leaves.values()))
             self._run_of[ctx] = self._run
             return leaves
@@ -341,11 +338,11 @@ class WeightVersions:
             raise RuntimeError(
                 f"WeightVersions: a new run starts at iteration {first} while the step of iteration {self._next} "
                 f"of the run before is running on another thread: wait for that step to end first")
-        self._check_layout()
+        self._live.check_layout()
         self._run += 1
         self._first = self._next = first
         self._in_flight = {}
-        self._versions = {first: self._copy_live()}
+        self._versions = {first: self._live.copy()}
         self._published += 1
         self._peak = max(self._peak, 1)
 
@@ -379,58 +376,6 @@ class WeightVersions:
                     f"ended: a module's steps run one at a time, in iteration order (one step task in the plan)")
             self._stepping = True
             return held
-
-    def _grads_now(self) -> List[Optional[Callable[[], Optional[torch.Tensor]]]]:
-        return [None if p.grad is None else weakref.ref(p.grad) for p in self._live]
-
-    def _check_unchanged(self, held: _InFlight, i: int) -> None:
-        """Refuse a version changed in place inside ``use``: other iterations would see it, the live weights never."""
-        for p, mark in zip(self._live, held.marks):
-            if held.leaves[id(p)]._version != mark:
-                name = self._names.get(id(p), "?")
-                raise RuntimeError(
-                    f"WeightVersions.step: parameter {name!r} was changed in place inside `with versions.use(ctx):` "
-                    f"before the step of iteration {i} (under torch.no_grad(), e.g. nn.Embedding(max_norm=...) "
-                    f"renormalizing its weight in the forward): the change is in the version, which other iterations "
-                    f"use, and never reaches the live weights. Change the weights outside use (in before_step, or "
-                    f"between runs), or train this module without WeightVersions")
-
-    def _check_no_stray_gradient(self, i: int) -> None:
-        """Refuse a gradient on a live parameter that no step put there: the step would drop it."""
-        for p, handed in zip(self._live, self._handed):
-            grad = p.grad
-            if grad is not None and (handed is None or handed() is not grad):
-                name = self._names.get(id(p), "?")
-                raise RuntimeError(
-                    f"WeightVersions.step: the live parameter {name!r} has a gradient that no step put there, before "
-                    f"the step of iteration {i}: a loss term computed with the live parameters (outside `with "
-                    f"versions.use(ctx):`, or on another thread) would be dropped here. Compute every loss term "
-                    f"inside use(ctx), where the module's parameters (attributes, parameters(), named_parameters()) "
-                    f"are the iteration's version; then clear the live .grad (optimizer.zero_grad()) to go on")
-
-    # -- inside: the live parameters -------------------------------------------------------------------
-
-    def _copy_live(self) -> List[torch.Tensor]:
-        with torch.no_grad():
-            return [p.detach().clone() for p in self._live]
-
-    def _current_layout(self) -> List[Tuple[str, int, torch.Size, torch.dtype, torch.device]]:
-        """Each live parameter's name, identity, shape, dtype and device (whatever thread asks, in use or not)."""
-        before = getattr(self._local, "current", None)
-        self._local.current = None
-        try:
-            return [(name, id(p), p.shape, p.dtype, p.device) for name, p in self.module.named_parameters()]
-        finally:
-            self._local.current = before
-
-    def _check_layout(self) -> None:
-        now = self._current_layout()
-        if now != self._layout:
-            changed = next((a or b)[0] for a, b in itertools.zip_longest(now, self._layout) if a != b)
-            raise RuntimeError(
-                f"WeightVersions: the module's parameters changed after WeightVersions was made (first at "
-                f"{changed!r}: added, removed, replaced, or moved to another device or dtype): make WeightVersions "
-                f"once the module is complete and in place, or close() this one and make a new one")
 
     def _check_open(self) -> None:
         if self._closed:

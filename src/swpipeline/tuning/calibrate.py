@@ -23,7 +23,8 @@ import time
 from typing import List, Sequence, Tuple
 
 from .overheads import EngineOverheads
-from ..plan.model import IterContext, PipelinePlan, PipelineTask, TaskSchedule
+from ..plan.context import IterContext
+from ..plan.model import PipelinePlan, PipelineTask, TaskSchedule
 
 __all__: List[str] = []
 

@@ -23,7 +23,8 @@ from torch import nn
 
 from ...engine.clocked import SWPipeline
 from ...devices.device import Device, TorchDevice
-from ...plan.model import IterContext, PipelinePlan, PipelineTask, TaskSchedule
+from ...plan.context import IterContext
+from ...plan.model import PipelinePlan, PipelineTask, TaskSchedule
 from .config import DemoConfig
 from .data import RawBatch
 from .model import ClickModel
