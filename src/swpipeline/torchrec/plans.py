@@ -31,7 +31,7 @@ would otherwise not run TorchRec's steps in TorchRec's order
   moves to stage 1 (the engine's dependencies reach one iteration back; TorchRec
   copies batch i+2 after forward i, two back).
 
-tests/test_torchrec_plans.py checks the print_schedule tables of the default plans.
+tests/torchrec/test_torchrec_plans.py checks the print_schedule tables of the default plans.
 """
 
 from __future__ import annotations

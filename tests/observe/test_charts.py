@@ -1,4 +1,4 @@
-"""Pictures (src/swpipeline/charts.py): the Gantt chart of a timeline and the period table of a schedule."""
+"""Pictures (src/swpipeline/observe/charts.py): the Gantt chart of a timeline and the period table of a schedule."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Run statistics (src/swpipeline/stats.py): every figure equals what the timeline's records say."""
+"""Run statistics (src/swpipeline/observe/stats.py): every figure equals what the timeline's records say."""
 
 from __future__ import annotations
 

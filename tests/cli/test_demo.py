@@ -283,7 +283,7 @@ def test_the_demo_runs_with_only_the_light_install(tmp_path: Path) -> None:
     import sys
 
     script = BLOCKED_RUN.format(blocked=NOT_IN_THE_LIGHT_INSTALL, args=[*TINY_ARGS, "--trace", "out/t.json"])
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**__import__("os").environ, "PYTHONPATH": src})
     assert proc.returncode == 0, proc.stdout + proc.stderr

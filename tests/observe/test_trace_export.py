@@ -1,4 +1,4 @@
-"""Chrome/Perfetto trace JSON (src/swpipeline/trace_export.py), checked against the trace-event format.
+"""Chrome/Perfetto trace JSON (src/swpipeline/observe/trace_export.py), checked against the trace-event format.
 
 The format (the "Trace Event Format" document that chrome://tracing and Perfetto
 read): a JSON object whose ``traceEvents`` list holds complete events (``ph: "X"``,

@@ -18,7 +18,7 @@ import pytest
 
 from swpipeline import DataFlowPipeline, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
 
-ENGINE = Path(__file__).resolve().parents[1] / "src" / "swpipeline" / "engine"
+ENGINE = Path(__file__).resolve().parents[2] / "src" / "swpipeline" / "engine"
 
 
 def noop(ctx: object) -> None:

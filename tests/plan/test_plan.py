@@ -642,7 +642,7 @@ def test_requires_python_matches_what_the_code_uses() -> None:
     import tomllib
     from pathlib import Path
 
-    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
     assert project["requires-python"] == ">=3.11"  # the error path uses BaseException.add_note (3.11)
 
 

@@ -1,4 +1,4 @@
-"""Timelines of traced runs (src/swpipeline/timeline.py) and the engine's recorded path.
+"""Timelines of traced runs (src/swpipeline/observe/timeline.py) and the engine's recorded path.
 
 Wall-clock durations are never asserted: only orderings, counts and identities,
 and that derived figures equal what the records say.
