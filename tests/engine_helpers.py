@@ -136,6 +136,22 @@ def progress_until_stop(pipe: Any, it: Any) -> List[Any]:
             return results
 
 
+def on_new_thread(call: Callable[[], Any]) -> List[Any]:
+    """Run ``call`` on a fresh thread; returns [result] or [exception]."""
+    out: List[Any] = []
+
+    def target() -> None:
+        try:
+            out.append(call())
+        except BaseException as exc:  # handed to the test
+            out.append(exc)
+
+    thread = threading.Thread(target=target, name="newcomer")
+    thread.start()
+    thread.join(30)
+    return out
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List
 
 import pytest
 
-from engine_helpers import ExecLog, MakePipe, make_plan, progress_until_stop, swp_threads, wait_until
+from engine_helpers import ExecLog, MakePipe, make_plan, on_new_thread, progress_until_stop, swp_threads, wait_until
 from swpipeline import DataFlowPipeline, IterContext, PipelinePlan, SWPipeline
 
 def plan_with(log: ExecLog, work: Dict[str, Callable[[IterContext], None]]) -> PipelinePlan:
@@ -192,32 +192,6 @@ def test_the_data_flow_engine_finishes_what_is_in_flight_without_new_batches(spe
 
 
 # -- threads are told apart by object, never by ident -------------------------------------------------
-
-
-def on_new_thread(call: Callable[[], Any]) -> List[Any]:
-    """Run ``call`` on a fresh thread; returns [result] or [exception]."""
-    out: List[Any] = []
-
-    def target() -> None:
-        try:
-            out.append(call())
-        except BaseException as exc:  # handed to the test
-            out.append(exc)
-
-    thread = threading.Thread(target=target, name="newcomer")
-    thread.start()
-    thread.join(30)
-    return out
-
-
-def test_a_new_thread_may_drive_a_pipeline_whose_run_has_finished(make_pipe: MakePipe) -> None:
-    # New threads reuse the idents of the dead workers of the run before: they are not those workers.
-    pipe = make_pipe(plan_with(ExecLog(), {}), device="cpu")
-    for _ in range(3):
-        assert progress_until_stop(pipe, pipe.fill_pipeline(range(4))) == [0, 1, 2, 3]  # no drain()
-        result = on_new_thread(lambda: progress_until_stop(pipe, pipe.fill_pipeline(range(2))))
-        assert result == [[0, 1]]
-    assert swp_threads() == []
 
 
 @pytest.mark.parametrize("call", ["drain", "abandon"])

@@ -146,62 +146,7 @@ def test_worker_threads_keep_their_own_defaults_between_hand_outs() -> None:
 # on a GPU, on that thread's stream) is handed to every other thread that casts the same weight, and the
 # first thread to leave its outermost autocast region clears it for all. So every task runs with the
 # cache off: each cast is made where it is used, from the weight as it is at that moment.
-
-
-def cache_race_plan(update_in_b: bool, events: bool) -> Tuple[PipelinePlan, Dict[str, torch.Tensor], torch.nn.Linear]:
-    """A (group a) runs the layer under autocast and, with ``events``, holds its unit open until B is done;
-    B (group b) changes the layer's weight in place after A's cast, then runs the layer itself."""
-    torch.manual_seed(0)
-    layer = torch.nn.Linear(8, 8)
-    x = torch.randn(4, 8)
-    out: Dict[str, torch.Tensor] = {}
-    a_ran, b_done = threading.Event(), threading.Event()
-
-    def a(ctx: IterContext) -> None:
-        out["a"] = layer(x)
-        if events:
-            a_ran.set()
-            assert b_done.wait(5), "B never finished"
-
-    def b(ctx: IterContext) -> None:
-        if events:
-            assert a_ran.wait(5), "A never ran"
-        if update_in_b:
-            with torch.no_grad():
-                layer.weight.add_(1)
-        out["b"] = layer(x)
-        b_done.set()
-
-    ta, tb = PipelineTask("A", a), PipelineTask("B", b)
-    schedule = {ta: TaskSchedule(thread_group="a", stream="a"), tb: TaskSchedule(thread_group="b", stream="b")}
-    return PipelinePlan(schedule), out, layer
-
-
-def fresh(layer: torch.nn.Linear) -> torch.Tensor:
-    torch.manual_seed(0)
-    torch.nn.Linear(8, 8)  # the same draws as cache_race_plan: x comes after the layer
-    x = torch.randn(4, 8)
-    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
-        return layer(x)
-
-
-@pytest.mark.parametrize("engine", ["SWPipeline", "DataFlow-3"])
-def test_a_task_never_sees_a_weight_cast_another_thread_made_before_the_weight_changed(engine: str) -> None:
-    plan, out, layer = cache_race_plan(update_in_b=True, events=True)
-    pipe: Any = (SWPipeline(plan, device="cpu", caller_thread_group=None) if engine == "SWPipeline" else
-                 DataFlowPipeline(plan, max_depth=3, device="cpu", caller_thread_group=None))  # A, B on workers
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        pipe.run(range(1))
-    assert not torch.equal(out["b"], out["a"])  # B's weight is not A's
-    assert torch.equal(out["b"], fresh(layer))
-
-
-def test_the_serial_run_casts_each_weight_as_it_is_when_used() -> None:
-    plan, out, layer = cache_race_plan(update_in_b=True, events=False)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        SWPipeline(plan).run_serial(range(1))
-        assert torch.is_autocast_cache_enabled()  # the caller's own setting, as it was
-    assert torch.equal(out["b"], fresh(layer))
+# (The race it caused, forced on the CPU, is a story of tests/test_bugs.py.)
 
 
 @pytest.mark.parametrize("engine", list(ENGINES))

@@ -22,7 +22,6 @@ import torch
 
 from swpipeline import DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, RaceError, SWPipeline, TaskSchedule
 from swpipeline import analyze
-from swpipeline.shortcut.recording import Journal as _Journal, RecordingView as _RecordingView
 
 
 def _described(ctx: Any) -> Any:
@@ -125,22 +124,3 @@ def test_pickling_or_copying_the_context_is_a_read_of_every_attribute_for_the_ch
                                "declared dependency orders the two (a serial run runs 'A' first): "
                                "add (\"B\", \"A\") to intra_iter_deps")
     assert [(t, d) for t, d, *_ in analyze(plan, None).missing_deps] == [("B", "A")]
-
-
-def test_a_view_pickles_to_the_bytes_of_its_context_and_notes_the_look() -> None:
-    ctx = IterContext(torch.ones(2), 3)
-    ctx.x, ctx.y = 1, [2]
-    journal = _Journal(ctx)
-    view = _RecordingView(journal)
-    assert pickle.dumps(view) == pickle.dumps(ctx)
-    assert pickle.dumps([view, view]) == pickle.dumps([ctx, ctx])  # the second is a reference to the first
-    for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
-        assert pickle.dumps(view, protocol=protocol) == pickle.dumps(ctx, protocol=protocol)
-    for protocol in (0, 1):  # a class with __slots__ and no __getstate__: refused, the same way
-        with pytest.raises(TypeError) as plain:
-            pickle.dumps(ctx, protocol=protocol)
-        with pytest.raises(TypeError) as viewed:
-            pickle.dumps(view, protocol=protocol)
-        assert str(viewed.value) == str(plain.value)
-    assert journal.reads == {"x", "y", "batch"}
-    assert type(view) is _RecordingView and isinstance(view, IterContext)
