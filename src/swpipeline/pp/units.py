@@ -1,0 +1,111 @@
+"""One rank's step as units on thread groups: what its plan runs and what the cross-rank check proves.
+
+A rank runs its step on these thread groups (each a stream on a GPU), every one a FIFO
+of units in the order listed here::
+
+    compute      the rank's compute actions, in its schedule's order     0F0 0F1 0B0 ...
+    send{q}      the messages to rank q, in channel order                0SEND_F0 0SEND_F1 ... DONE>q
+    recv{q}      the messages from rank q, in channel order              0RECV_B0 0RECV_B1 ... DONE<q
+
+A unit also waits for its dependencies on the same rank: a forward for the receive of
+its input (or, where the previous stage is on this rank, for that stage's forward), a
+backward for its forward and the receive of its output's gradient, ``W`` for its ``I``, a
+send for the action that made its value. Each rank's last send on a channel is a
+``DONE`` marker, sent once the rank's whole step is done (every unit but its own DONE
+receives): a rank whose step returns knows that each rank it talks to finished too, and a
+rank that fails sends its error in place of the next message instead (``transport.py``).
+
+Across ranks a send and its receive happen together (a rendezvous: the stricter rule, right
+whether a send waits for its receiver, as on NCCL streams, or not). ``plan_of_rank.py`` turns
+the units into the rank's ``PipelinePlan``; ``check.py`` proves all ranks' units together.
+The same lists serve both, so the check proves what runs.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, NamedTuple, Optional, Tuple
+
+from .actions import BACKWARD_KINDS, BWD, FWD, BWD_I, BWD_W, Action
+from .comms import Message, PipelineWork
+
+__all__: List[str] = []
+
+COMPUTE = "compute"
+ChannelKey = Tuple[int, int, int]  # (sending rank, receiving rank, position on that channel)
+
+
+def send_group(peer: int) -> str:
+    return f"send{peer}"
+
+
+def recv_group(peer: int) -> str:
+    return f"recv{peer}"
+
+
+class Unit(NamedTuple):
+    """One unit of a rank's step (a task of its plan)."""
+
+    name: str
+    group: str
+    deps: Tuple[str, ...]  # units of the same rank it waits for (besides the one before it in its group)
+    action: Optional[Action] = None  # a compute unit's action
+    message: Optional[Message] = None  # a send's or receive's message (None for DONE)
+    channel: Optional[ChannelKey] = None  # a send's or receive's place: its partner has the same key
+    peer: int = -1  # the rank at the other end (sends and receives)
+
+    @property
+    def role(self) -> str:
+        return "compute" if self.action is not None else ("send" if self.group.startswith("send") else "recv")
+
+
+RankUnits = Dict[str, List[Unit]]  # thread group -> its units, in order
+
+
+def done_name(src: int, dst: int) -> str:
+    return f"DONE{src}>{dst}"
+
+
+def units_of_rank(work: PipelineWork, rank: int) -> RankUnits:
+    """The rank's units per thread group, in the order each group runs them (see the module docstring)."""
+    mine = work.ranks[rank]
+    received: Dict[Action, List[str]] = {}
+    for channel in mine.recvs.values():
+        for msg in channel:
+            received.setdefault(msg.consumer, []).append(msg.recv_name)
+    local: Dict[Action, List[str]] = {}
+    for msg in mine.local:
+        local.setdefault(msg.consumer, []).append(str(msg.producer))
+    groups: RankUnits = {COMPUTE: [Unit(str(a), COMPUTE, _compute_deps(a, work, received, local), action=a)
+                                   for a in mine.compute]}
+    for peer in mine.peers:
+        channel = mine.sends.get(peer, [])
+        groups[send_group(peer)] = [Unit(msg.send_name, send_group(peer), (str(msg.producer),), message=msg,
+                                         channel=(rank, peer, k), peer=peer) for k, msg in enumerate(channel)]
+    for peer in mine.peers:
+        channel = mine.recvs.get(peer, [])
+        groups[recv_group(peer)] = [Unit(msg.recv_name, recv_group(peer), (), message=msg, channel=(peer, rank, k),
+                                         peer=peer) for k, msg in enumerate(channel)]
+    whole_step = tuple(units[-1].name for group, units in groups.items() if units)
+    for peer in mine.peers:
+        sent, got = len(mine.sends.get(peer, [])), len(_recvs_of(work, peer, rank))
+        groups[send_group(peer)].append(Unit(done_name(rank, peer), send_group(peer), whole_step,
+                                             channel=(rank, peer, sent), peer=peer))
+        groups[recv_group(peer)].append(Unit(done_name(peer, rank), recv_group(peer), (), channel=(peer, rank, got),
+                                             peer=peer))
+    return groups
+
+
+def _recvs_of(work: PipelineWork, src: int, dst: int) -> List[Message]:
+    return work.ranks[dst].recvs.get(src, [])
+
+
+def _compute_deps(action: Action, work: PipelineWork, received: Dict[Action, List[str]],
+                  local: Dict[Action, List[str]]) -> Tuple[str, ...]:
+    deps: List[str] = []
+    if action.kind in BACKWARD_KINDS:
+        deps.append(str(Action(action.stage, FWD, action.microbatch)))
+    if action.kind is BWD_W:
+        deps.append(str(Action(action.stage, BWD_I, action.microbatch)))
+    if action.kind in (FWD, BWD, BWD_I):
+        deps += received.get(action, []) + local.get(action, [])
+    return tuple(deps)
