@@ -22,9 +22,9 @@ from ..plan.model import IterContext
 from .actions import FWD
 from .comms import Message, PipelineWork
 from .compute import StageOps, StepState
-from .errors import PipelineRankError
+from .errors import PipelineRankError, RankTimeoutError
 from .plan_of_rank import TaskFn, check_engine_runs, plan_of_rank
-from .transport import Failure, Transport, describe_error
+from .transport import DONE, HELLO, Failure, Transport, describe_error
 from .units import COMPUTE, RankUnits, Unit
 
 __all__: List[str] = []
@@ -60,8 +60,10 @@ class RankRunner:
         try:
             self.pipe.run([state])
         except BaseException as exc:
-            self.failure = self.transport.fail(Failure(self.rank, None, None, None, describe_error(exc)))
-            raise
+            first = self.failure = self.transport.fail(Failure(self.rank, None, None, None, describe_error(exc)))
+            if first.rank == self.rank and not first.silent:
+                raise  # this rank's own error, as it was raised
+            raise first.error_for(self.rank) from None  # what happened elsewhere, said the same on every rank
         self.transport.finish_step()
 
     # -- the tasks --------------------------------------------------------------------------------
@@ -73,10 +75,11 @@ class RankRunner:
         def task(ctx: IterContext) -> None:
             try:
                 body(ctx.batch)
-            except PipelineRankError as exc:
-                if transport.failure is not None:  # the failure this rank sent, coming back: nothing new
-                    raise PipelineAborted("the step failed") from None
-                transport.fail(Failure(exc.rank, exc.stage, exc.microbatch, exc.action, exc.error))  # pass it on
+            except PipelineAborted:  # the step failed already (transport.py: a failure coming back)
+                raise
+            except PipelineRankError as exc:  # another rank failed, or this one waited for a silent one: pass it on
+                transport.fail(Failure(exc.rank, exc.stage, exc.microbatch, exc.action, exc.error,
+                                       silent=isinstance(exc, RankTimeoutError)))
                 raise
             except BaseException as exc:
                 transport.fail(_failure_of(exc, unit, rank))
@@ -98,10 +101,11 @@ class RankRunner:
                 ops.run(action, state)
 
             return compute
-        if msg is None:  # DONE
+        if msg is None:  # HELLO or DONE
+            status = HELLO if unit.marker == "hello" else DONE
             if unit.role == "send":
-                return lambda state: transport.send_done(peer, index)
-            return lambda state: transport.recv_done(peer, index)
+                return lambda state: transport.send_marker(peer, index, status)
+            return lambda state: transport.recv_marker(peer, index, status)
         if unit.role == "send":
             if msg.kind == FWD.value:
                 return lambda state: transport.send(peer, index, ops.take_output(msg.src_stage, msg.microbatch, state))

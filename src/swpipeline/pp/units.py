@@ -4,16 +4,18 @@ A rank runs its step on these thread groups (each a stream on a GPU), every one 
 of units in the order listed here::
 
     compute      the rank's compute actions, in its schedule's order     0F0 0F1 0B0 ...
-    send{q}      the messages to rank q, in channel order                0SEND_F0 0SEND_F1 ... DONE>q
-    recv{q}      the messages from rank q, in channel order              0RECV_B0 0RECV_B1 ... DONE<q
+    send{q}      the messages to rank q, in channel order      HELLO0>q 0SEND_F0 0SEND_F1 ... DONE0>q
+    recv{q}      the messages from rank q, in channel order    HELLOq>0 0RECV_B0 0RECV_B1 ... DONEq>0
 
 A unit also waits for its dependencies on the same rank: a forward for the receive of
 its input (or, where the previous stage is on this rank, for that stage's forward), a
 backward for its forward and the receive of its output's gradient, ``W`` for its ``I``, a
-send for the action that made its value. Each rank's last send on a channel is a
-``DONE`` marker, sent once the rank's whole step is done (every unit but its own DONE
-receives): a rank whose step returns knows that each rank it talks to finished too, and a
-rank that fails sends its error in place of the next message instead (``transport.py``).
+send for the action that made its value. Each rank's first message on a channel is a
+``HELLO``, sent as its step starts: a rank that never starts its step is found out by the
+first wait on it, whatever it would send later. Its last is a ``DONE``, sent once the
+rank's whole step is done (every unit but its own DONE receives): a rank whose step returns
+knows that each rank it talks to finished too. A rank that fails sends its error in place
+of the next message instead (``transport.py``).
 
 Across ranks a send and its receive happen together (a rendezvous: the stricter rule, right
 whether a send waits for its receiver, as on NCCL streams, or not). ``plan_of_rank.py`` turns
@@ -52,6 +54,7 @@ class Unit(NamedTuple):
     message: Optional[Message] = None  # a send's or receive's message (None for DONE)
     channel: Optional[ChannelKey] = None  # a send's or receive's place: its partner has the same key
     peer: int = -1  # the rank at the other end (sends and receives)
+    marker: str = ""  # "hello" or "done" for the first and last message of a channel
 
     @property
     def role(self) -> str:
@@ -63,6 +66,10 @@ RankUnits = Dict[str, List[Unit]]  # thread group -> its units, in order
 
 def done_name(src: int, dst: int) -> str:
     return f"DONE{src}>{dst}"
+
+
+def hello_name(src: int, dst: int) -> str:
+    return f"HELLO{src}>{dst}"
 
 
 def units_of_rank(work: PipelineWork, rank: int) -> RankUnits:
@@ -77,21 +84,25 @@ def units_of_rank(work: PipelineWork, rank: int) -> RankUnits:
         local.setdefault(msg.consumer, []).append(str(msg.producer))
     groups: RankUnits = {COMPUTE: [Unit(str(a), COMPUTE, _compute_deps(a, work, received, local), action=a)
                                    for a in mine.compute]}
-    for peer in mine.peers:
+    for peer in mine.peers:  # message k of a channel is its (k + 1)th: the HELLO comes first
         channel = mine.sends.get(peer, [])
-        groups[send_group(peer)] = [Unit(msg.send_name, send_group(peer), (str(msg.producer),), message=msg,
-                                         channel=(rank, peer, k), peer=peer) for k, msg in enumerate(channel)]
+        groups[send_group(peer)] = [Unit(hello_name(rank, peer), send_group(peer), (), channel=(rank, peer, 0),
+                                         peer=peer, marker="hello")]
+        groups[send_group(peer)] += [Unit(msg.send_name, send_group(peer), (str(msg.producer),), message=msg,
+                                          channel=(rank, peer, k + 1), peer=peer) for k, msg in enumerate(channel)]
     for peer in mine.peers:
         channel = mine.recvs.get(peer, [])
-        groups[recv_group(peer)] = [Unit(msg.recv_name, recv_group(peer), (), message=msg, channel=(peer, rank, k),
-                                         peer=peer) for k, msg in enumerate(channel)]
+        groups[recv_group(peer)] = [Unit(hello_name(peer, rank), recv_group(peer), (), channel=(peer, rank, 0),
+                                         peer=peer, marker="hello")]
+        groups[recv_group(peer)] += [Unit(msg.recv_name, recv_group(peer), (), message=msg,
+                                          channel=(peer, rank, k + 1), peer=peer) for k, msg in enumerate(channel)]
     whole_step = tuple(units[-1].name for group, units in groups.items() if units)
     for peer in mine.peers:
-        sent, got = len(mine.sends.get(peer, [])), len(_recvs_of(work, peer, rank))
+        sent, got = len(mine.sends.get(peer, [])) + 1, len(_recvs_of(work, peer, rank)) + 1
         groups[send_group(peer)].append(Unit(done_name(rank, peer), send_group(peer), whole_step,
-                                             channel=(rank, peer, sent), peer=peer))
+                                             channel=(rank, peer, sent), peer=peer, marker="done"))
         groups[recv_group(peer)].append(Unit(done_name(peer, rank), recv_group(peer), (), channel=(peer, rank, got),
-                                             peer=peer))
+                                             peer=peer, marker="done"))
     return groups
 
 
