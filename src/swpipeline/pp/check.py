@@ -151,7 +151,9 @@ def _hang(graph: Graph, stuck: Set[NodeId]) -> ScheduleHangError:
     ranks = sorted({rank for rank, _ in members})
     microbatches = sorted({graph.units[m].action.microbatch for m in members  # type: ignore[union-attr]
                            if graph.units[m].action is not None})
-    turn = next((w for w in cycle if w.reason.startswith("runs after")), cycle[0])
+    turns = [w for w in cycle if w.reason.startswith("runs after")]
+    turn = next((w for w in turns if graph.units[w.waiter].action and graph.units[w.waited].action), None)
+    turn = turn or (turns[0] if turns else cycle[0])
     fix = f"move {turn.waiter[1]} before {turn.waited[1]} on rank {turn.waiter[0]}"
     message = (f"the schedule would hang: ranks {', '.join(map(str, ranks))} wait on each other in a cycle "
                f"(microbatches {', '.join(map(str, microbatches)) or '-'}):\n  "
@@ -185,6 +187,8 @@ def aligned_orders(schedules: Mapping[int, RankUnits], compute_group: str) -> Di
     for rank, groups in schedules.items():
         row: List[Optional[Action]] = []
         for unit in groups[compute_group]:
+            if unit.action is None:  # a send or a marker on the compute thread: it takes no tick
+                continue
             row += [None] * (int(times[(rank, unit.name)][0]) - len(row))
             row.append(unit.action)
         aligned[rank] = row

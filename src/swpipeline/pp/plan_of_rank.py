@@ -1,7 +1,8 @@
 """One rank's units (``units.py``) as a swpipeline ``PipelinePlan``: a step is one iteration of it.
 
-Every unit is a task at stage 0 on its own thread group and stream (``compute``,
-``send{q}``, ``recv{q}``), so a rank receives and sends while it computes. The tasks of a
+Every unit is a task at stage 0 on its unit's thread group and stream (``compute``,
+``recv{q}``; the sends on the compute thread, each peer's on a stream ``send{q}``), so a rank
+receives while it computes. The tasks of a
 group are chained by intra-iteration dependencies in the group's order, and each task
 also depends on the units it waits for, so the engine runs exactly the order that
 ``check.prove`` proved across ranks; ``engine_orders`` reads that order back from the
@@ -29,7 +30,7 @@ def plan_of_rank(units: RankUnits, task_fn: Callable[[Unit], TaskFn]) -> Pipelin
         for unit in group_units:
             task = PipelineTask(unit.name, task_fn(unit))
             tasks[unit.name] = task
-            schedule[task] = TaskSchedule(stage=0, stream=group, thread_group=group)
+            schedule[task] = TaskSchedule(stage=0, stream=unit.stream, thread_group=group)
     intra: List[Tuple[PipelineTask, PipelineTask]] = []
     for group_units in units.values():
         for before, unit in zip(group_units, group_units[1:]):

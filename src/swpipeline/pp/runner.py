@@ -24,7 +24,8 @@ from .comms import Message, PipelineWork
 from .compute import StageOps, StepState
 from .errors import PipelineRankError, RankTimeoutError
 from .plan_of_rank import TaskFn, check_engine_runs, plan_of_rank
-from .transport import DONE, HELLO, Failure, Transport, describe_error
+from .transport import Failure, Transport, describe_error
+from .wire import DONE, HELLO
 from .units import COMPUTE, RankUnits, Unit
 
 __all__: List[str] = []
@@ -49,6 +50,7 @@ class RankRunner:
                                progress_timeout=backstop, join_timeout=JOIN_TIMEOUT_S)
         check_engine_runs(self.pipe, units)
         self.failure: Optional[Failure] = None
+        self.mode = ops.backward  # messages are laid out alike from one step of a kind to the next
 
     def run(self, state: StepState) -> None:
         """Run one step; on failure every rank that waits for this one hears of it, and the error is raised."""
@@ -56,7 +58,7 @@ class RankRunner:
             raise RuntimeError(f"step() after a failed step ({self.failure.where()} failed with "
                                f"{self.failure.error}): the ranks' messages are out of step; build the process group "
                                f"and the schedule again (usually: restart the job)")
-        self.transport.start_step(self.peers)
+        self.transport.start_step(self.peers, self.mode)
         try:
             self.pipe.run([state])
         except BaseException as exc:

@@ -1,16 +1,19 @@
 """Messages between ranks over ``torch.distributed`` point-to-point operations, and failures sent in their place.
 
-A message is a tuple of tensors (``None`` allowed: a gradient that does not exist). It
-travels as a fixed-size header, then one operation per tensor; the receiver learns the
-shapes from the header, so nothing about shapes is agreed in advance. Message ``k`` of the
-channel from rank ``a`` to rank ``b`` uses the tags ``k * PARTS + part`` (part 0 the
-header), so a receive can only ever match the message it is meant for.
+A message is one buffer (``wire.py``). Message ``k`` of the channel from rank ``a`` to rank
+``b`` uses the tags ``TAG_BASE + k * PARTS + part``, so a receive only ever matches the
+message it is meant for. The parts::
 
-A header says what follows::
+    FAST      the message, in the layout it had last step: the receiver posted a buffer of that size
+              at the start of the step, so it lands there directly
+    ANNOUNCE  a header alone: a HELLO or DONE, a failure, or the layout of a message that is new or
+              changed shape (the receiver cannot know its size; after a FAST filler saying CHANGED)
+    SLOW      the message after its ANNOUNCE
+    TEXT      a failure's JSON, after its header
 
-    [DATA, count, dtype, ndim, d0, d1, ..., dtype, ndim, ...]     count tensors
-    [FAILED, n]                                                   n bytes: the first failure, as JSON
-    [HELLO] / [DONE]                                              the sender's step starts / is over
+So a step whose shapes are those of the step before sends every message once, into a
+buffer posted before it arrived; only the first step (and a change of shape) pays a second
+round trip.
 
 Failures. When a rank's step fails (a task raised, a message said another rank failed,
 a receive timed out), ``fail`` sends the failure on every channel in place of the next
@@ -19,7 +22,9 @@ failure, fails in turn and passes it on, so the first failure reaches every rank
 waits, directly or through others, for the rank it happened on, and each of them raises
 ``PipelineRankError`` naming that rank, stage, microbatch and the original exception.
 Sends are only posted (``isend``); their completion is awaited at the end of a
-successful step, after every peer's ``DONE`` showed it received everything.
+successful step, after every peer's ``DONE`` showed it received everything but our
+``DONE``, which it receives next. A send's handle is kept until it completes: dropping a
+pending send cancels it.
 
 Silence. A rank waits ``timeout`` seconds for a peer's ``HELLO`` (the peer never started
 its step) and twice that for any later message (it started, then stopped sending: it may
@@ -34,7 +39,7 @@ import datetime
 import json
 import logging
 import threading
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, NoReturn, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -42,20 +47,17 @@ import torch.distributed as dist
 from ..errors import PipelineAborted
 from .errors import PipelineRankError, RankTimeoutError
 from .watchdog import Watchdog
+from .wire import (CHANGED, DATA, FAILED, HEADER_BYTES, HELLO, Layout, Payload, layout_from, layout_of, marker,
+                   pack, packed_size, read_header, unpack)
 
 __all__: List[str] = []
 
 logger = logging.getLogger("swpipeline.pp")
 
-HEADER_LEN = 64
-PARTS = 32  # tags per message: the header and up to 31 tensors
-DATA, FAILED, DONE, HELLO = 0, 1, 2, 3
+PARTS = 4
+FAST, ANNOUNCE, SLOW, TEXT = 0, 1, 2, 3
 GRACE_S = 3.0  # how long a receive outlives its deadline (the failure is being sent meanwhile)
-DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
-          torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
-NO_TENSOR = -1
-
-Payload = Tuple[Optional[torch.Tensor], ...]
+TAG_BASE = 1 << 20  # our tags start here: other users of the group (torch's own schedules use 0) never meet them
 
 
 class Failure(NamedTuple):
@@ -67,6 +69,7 @@ class Failure(NamedTuple):
     action: Optional[str]
     error: str  # "ValueError: ..."; for a silent rank, who waited for what
     silent: bool = False  # the rank never answered (a timeout), rather than raised
+
     def where(self) -> str:
         if self.action is None:
             return f"rank {self.rank}"
@@ -98,26 +101,8 @@ def describe_error(exc: BaseException) -> str:
 
 
 def tag(index: int, part: int) -> int:
-    """The tag of a part of message ``index`` (part 0: the header)."""
-    return index * PARTS + part
-
-
-def encode_header(tensors: Payload) -> torch.Tensor:
-    """The DATA header describing ``tensors`` (see the module docstring)."""
-    values = [DATA, len(tensors)]
-    for t in tensors:
-        if t is None:
-            values += [NO_TENSOR, 0]
-            continue
-        if t.dtype not in DTYPES:
-            raise TypeError(f"cannot send a tensor of dtype {t.dtype} between stages; send one of "
-                            f"{', '.join(str(d) for d in DTYPES)}")
-        values += [DTYPES.index(t.dtype), t.dim(), *t.shape]
-    if len(values) > HEADER_LEN or len(tensors) >= PARTS:
-        raise ValueError(f"a stage's output of {len(tensors)} tensors with shapes "
-                         f"{[None if t is None else tuple(t.shape) for t in tensors]} does not fit one message "
-                         f"(at most {PARTS - 1} tensors and {HEADER_LEN} header values): return fewer, flatter tensors")
-    return torch.tensor(values + [0] * (HEADER_LEN - len(values)), dtype=torch.int64)
+    """The tag of one part of message ``index`` (see the module docstring)."""
+    return TAG_BASE + index * PARTS + part
 
 
 class _Outbox:
@@ -145,52 +130,65 @@ class Transport:
         self.timeout_s = timeout
         self._lock = threading.Lock()
         self._outboxes: Dict[int, _Outbox] = {}
-        self._works: List[Any] = []  # posted data sends (and the tensors they read), awaited at the end of the step
-        self._markers: List[Any] = []  # posted HELLO and DONE sends: never awaited (see finish_step)
+        self._works: List[Tuple[Any, torch.Tensor, int]] = []  # posted sends, awaited at the end of the step
+        self._abandoned: List[Any] = []  # handles of failed steps: never awaited, never dropped (see the docstring)
+        self._sent: Dict[Tuple[Any, int, int], Layout] = {}  # (mode, peer, index) -> layout sent last time
+        self._got: Dict[Tuple[Any, int, int], Layout] = {}  # (mode, peer, index) -> layout received last time
+        self._posted: Dict[Tuple[int, int], Tuple[Any, torch.Tensor]] = {}  # (peer, index) -> receive posted early
+        self._mode: Any = None
         self._watchdog = Watchdog(f"swpipeline-pp-watchdog-rank{rank}")
         self.failure: Optional[Failure] = None
 
     # -- the step's life cycle ------------------------------------------------------------------
 
-    def start_step(self, peers: Sequence[int]) -> None:
+    def start_step(self, peers: Sequence[int], mode: Any) -> None:
+        """A new step of kind ``mode`` (its messages' layouts are remembered per kind): post every receive whose
+        layout is known from the last step of that kind."""
         with self._lock:
             self._outboxes = {peer: _Outbox() for peer in peers}
-            self._works, self._markers = [], []
+            self._abandoned += self._works + list(self._posted.values())
+            self._works, self._posted, self._mode = [], {}, mode
             self.failure = None
+            for (kind, peer, index), layout in self._got.items():
+                if kind == mode:
+                    buffer = torch.empty(packed_size(layout), dtype=torch.uint8, device=self.device)
+                    work = dist.irecv(buffer, group=self.group, group_src=peer, tag=tag(index, FAST))
+                    self._posted[(peer, index)] = (work, buffer)
 
     def finish_step(self) -> None:
-        """Wait for every data send posted in the step: each peer's DONE showed it received them all.
-
-        The DONE sends themselves are not awaited: a peer receives ours last, and may fail before it does.
-        """
-        works, self._works = self._works, []
-        limit = datetime.timedelta(seconds=2 * self.timeout_s + GRACE_S)
-        for work, _ in works:
-            work.wait(limit)
+        """Wait for every send posted in the step: each peer's DONE showed it received all but our DONE, which its
+        receive thread takes next."""
+        for work, _, peer in self._works:
+            self._wait(work, peer, f"rank {peer} to take this rank's end of step", None)
+        self._works = []
 
     # -- sending ----------------------------------------------------------------------------------
 
     def send(self, peer: int, index: int, tensors: Payload) -> None:
         """Post message ``index`` of the channel to ``peer`` (nothing, once the step failed)."""
-        header = encode_header(tensors)
+        layout = layout_of(tensors)
+        key = (self._mode, peer, index)
         with self._lock:
             box = self._outboxes[peer]
             if box.closed:
                 return
-            self._works.append(self._post(header, peer, tag(index, 0)))
-            for part, t in enumerate(tensors, start=1):
-                if t is not None:
-                    self._works.append(self._post(t.detach().to(self.device).contiguous(), peer, tag(index, part)))
+            expected = self._sent.get(key)
+            if expected == layout:
+                self._post(pack(tensors, layout, self.device), peer, tag(index, FAST))
+            else:
+                if expected is not None:  # the receiver waits for the old layout's size: tell it what changed
+                    self._post(marker(CHANGED, size=packed_size(expected)), peer, tag(index, FAST))
+                self._post(pack((), layout, self.device)[:HEADER_BYTES].clone(), peer, tag(index, ANNOUNCE))
+                self._post(pack(tensors, layout, self.device), peer, tag(index, SLOW))
+                self._sent[key] = layout
             box.next_index = index + 1
 
     def send_marker(self, peer: int, index: int, status: int) -> None:
         """Post a HELLO or a DONE as message ``index`` of the channel to ``peer``."""
-        header = torch.zeros(HEADER_LEN, dtype=torch.int64)
-        header[0] = status
         with self._lock:
             box = self._outboxes[peer]
             if not box.closed:
-                self._markers.append(self._post(header, peer, tag(index, 0)))
+                self._post(marker(status), peer, tag(index, ANNOUNCE))
                 box.next_index = index + 1
 
     def fail(self, failure: Failure) -> Failure:
@@ -207,18 +205,22 @@ class Transport:
                 if box.closed:
                     continue
                 box.closed = True
-                header = torch.zeros(HEADER_LEN, dtype=torch.int64)
-                header[0], header[1] = FAILED, text.numel()
-                try:
-                    self._markers.append(self._post(header, peer, tag(box.next_index, 0)))
-                    self._markers.append(self._post(text, peer, tag(box.next_index, 1)))
+                expected = self._sent.get((self._mode, peer, box.next_index))
+                try:  # where the receiver waits: a buffer of the expected size, or a header
+                    if expected is not None:
+                        self._post(marker(FAILED, [text.numel()], packed_size(expected)), peer,
+                                   tag(box.next_index, FAST))
+                    else:
+                        self._post(marker(FAILED, [text.numel()]), peer, tag(box.next_index, ANNOUNCE))
+                    self._post(text, peer, tag(box.next_index, TEXT))
                 except Exception as exc:  # a peer already gone: the others must still hear of it
                     logger.warning("swpipeline.pp: could not tell rank %s of the failure: %s", peer, exc)
             return failure
 
-    def _post(self, tensor: torch.Tensor, peer: int, message_tag: int) -> Tuple[Any, torch.Tensor]:
+    def _post(self, tensor: torch.Tensor, peer: int, message_tag: int) -> None:
+        """Post one send; its handle is kept (dropping a pending send cancels it). Called under the lock."""
         tensor = tensor.to(self.device)
-        return dist.isend(tensor, group=self.group, group_dst=peer, tag=message_tag), tensor
+        self._works.append((dist.isend(tensor, group=self.group, group_dst=peer, tag=message_tag), tensor, peer))
 
     # -- receiving --------------------------------------------------------------------------------
 
@@ -229,43 +231,54 @@ class Transport:
             PipelineRankError: the peer sent its step's failure instead, or closed the connection.
             RankTimeoutError: nothing came in time (see the module docstring).
         """
-        header = self._receive_header(peer, index, what, 2 * self.timeout_s)
-        if int(header[0]) != DATA:
-            raise self._protocol_error(peer, what, int(header[0]))
-        count = int(header[1])
-        out: List[Optional[torch.Tensor]] = []
-        at = 2
-        for part in range(1, count + 1):
-            code, ndim = int(header[at]), int(header[at + 1])
-            shape = [int(d) for d in header[at + 2:at + 2 + ndim]]
-            at += 2 + ndim
-            if code == NO_TENSOR:
-                out.append(None)
-                continue
-            buffer = torch.empty(shape, dtype=DTYPES[code], device=self.device)
-            self._wait(dist.irecv(buffer, group=self.group, group_src=peer, tag=tag(index, part)), peer, what, None)
-            out.append(buffer)
-        return tuple(out)
+        key = (self._mode, peer, index)
+        expected = self._got.get(key)
+        if expected is not None:
+            with self._lock:
+                posted = self._posted.pop((peer, index), None)
+            if posted is None:
+                buffer = torch.empty(packed_size(expected), dtype=torch.uint8, device=self.device)
+                posted = (dist.irecv(buffer, group=self.group, group_src=peer, tag=tag(index, FAST)), buffer)
+            work, buffer = posted
+            self._wait(work, peer, what, 2 * self.timeout_s)
+            values = read_header(buffer)
+            if values[0] == DATA:
+                return unpack(buffer, expected)
+            if values[0] == FAILED:
+                self._raise_failure(peer, index, what, values[1])
+            if values[0] != CHANGED:
+                raise self._protocol_error(peer, what, values[0])
+        values = self._receive_header(peer, index, what, None if expected is not None else 2 * self.timeout_s)
+        if values[0] != DATA:
+            raise self._protocol_error(peer, what, values[0])
+        layout = layout_from(values)
+        buffer = torch.empty(packed_size(layout), dtype=torch.uint8, device=self.device)
+        self._wait(dist.irecv(buffer, group=self.group, group_src=peer, tag=tag(index, SLOW)), peer, what, None)
+        self._got[key] = layout
+        return unpack(buffer, layout)
 
     def recv_marker(self, peer: int, index: int, status: int) -> None:
         """Wait for the peer's HELLO (its step started) or DONE (it is over), or its failure."""
         what = f"rank {peer}'s {'start' if status == HELLO else 'end'} of step"
         seconds = self.timeout_s if status == HELLO else 2 * self.timeout_s
-        found = int(self._receive_header(peer, index, what, seconds)[0])
+        found = self._receive_header(peer, index, what, seconds)[0]
         if found != status:
             raise self._protocol_error(peer, what, found)
 
-    def _receive_header(self, peer: int, index: int, what: str, seconds: float) -> torch.Tensor:
-        header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
-        self._wait(dist.irecv(header, group=self.group, group_src=peer, tag=tag(index, 0)), peer, what, seconds)
-        header = header.cpu()
-        if int(header[0]) == FAILED:
-            text = torch.empty(int(header[1]), dtype=torch.uint8, device=self.device)
-            self._wait(dist.irecv(text, group=self.group, group_src=peer, tag=tag(index, 1)), peer, what, None)
-            if self.failure is not None:  # this rank failed already: the failure coming back, nothing new
-                raise PipelineAborted("the step failed")
-            raise Failure.decode(bytes(text.cpu().tolist())).error_for(self.rank)
-        return header
+    def _receive_header(self, peer: int, index: int, what: str, seconds: Optional[float]) -> List[int]:
+        header = torch.empty(HEADER_BYTES, dtype=torch.uint8, device=self.device)
+        self._wait(dist.irecv(header, group=self.group, group_src=peer, tag=tag(index, ANNOUNCE)), peer, what, seconds)
+        values = read_header(header)
+        if values[0] == FAILED:
+            self._raise_failure(peer, index, what, values[1])
+        return values
+
+    def _raise_failure(self, peer: int, index: int, what: str, length: int) -> NoReturn:
+        text = torch.empty(length, dtype=torch.uint8, device=self.device)
+        self._wait(dist.irecv(text, group=self.group, group_src=peer, tag=tag(index, TEXT)), peer, what, None)
+        if self.failure is not None:  # this rank failed already: the failure coming back, nothing new
+            raise PipelineAborted("the step failed")
+        raise Failure.decode(bytes(text.cpu().tolist())).error_for(self.rank)
 
     def _wait(self, work: Any, peer: int, what: str, seconds: Optional[float]) -> None:
         """Wait for a receive; with ``seconds``, report the peer as silent once they pass (see the module docstring)."""

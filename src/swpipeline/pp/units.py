@@ -1,11 +1,16 @@
 """One rank's step as units on thread groups: what its plan runs and what the cross-rank check proves.
 
-A rank runs its step on these thread groups (each a stream on a GPU), every one a FIFO
-of units in the order listed here::
+A rank runs its step on these thread groups, every one a FIFO of units in the order
+listed here::
 
-    compute      the rank's compute actions, in its schedule's order     0F0 0F1 0B0 ...
-    send{q}      the messages to rank q, in channel order      HELLO0>q 0SEND_F0 0SEND_F1 ... DONE0>q
-    recv{q}      the messages from rank q, in channel order    HELLOq>0 0RECV_B0 0RECV_B1 ... DONEq>0
+    compute      the rank's compute actions in its schedule's order, each followed by the sends of
+                 what it made:           HELLO0>1 0F0 0SEND_F0 0F1 0SEND_F1 0B0 ... DONE0>1
+    recv{q}      the messages from rank q, in channel order:    HELLO1>0 0RECV_B0 0RECV_B1 ... DONE1>0
+
+A send only posts its message (``isend``) and never blocks, so it runs on the compute
+thread, as soon as its value exists, on a stream of its own (``send{q}``: on a GPU it
+overlaps the compute). A receive blocks until its message arrives, so each peer's receives
+have a thread (and a stream) of their own: they wait while the rank computes.
 
 A unit also waits for its dependencies on the same rank: a forward for the receive of
 its input (or, where the previous stage is on this rank, for that stage's forward), a
@@ -36,7 +41,7 @@ COMPUTE = "compute"
 ChannelKey = Tuple[int, int, int]  # (sending rank, receiving rank, position on that channel)
 
 
-def send_group(peer: int) -> str:
+def send_stream(peer: int) -> str:
     return f"send{peer}"
 
 
@@ -49,16 +54,14 @@ class Unit(NamedTuple):
 
     name: str
     group: str
+    stream: str
     deps: Tuple[str, ...]  # units of the same rank it waits for (besides the one before it in its group)
     action: Optional[Action] = None  # a compute unit's action
     message: Optional[Message] = None  # a send's or receive's message (None for DONE)
     channel: Optional[ChannelKey] = None  # a send's or receive's place: its partner has the same key
     peer: int = -1  # the rank at the other end (sends and receives)
     marker: str = ""  # "hello" or "done" for the first and last message of a channel
-
-    @property
-    def role(self) -> str:
-        return "compute" if self.action is not None else ("send" if self.group.startswith("send") else "recv")
+    role: str = "compute"  # "compute", "send" or "recv"
 
 
 RankUnits = Dict[str, List[Unit]]  # thread group -> its units, in order
@@ -82,35 +85,35 @@ def units_of_rank(work: PipelineWork, rank: int) -> RankUnits:
     local: Dict[Action, List[str]] = {}
     for msg in mine.local:
         local.setdefault(msg.consumer, []).append(str(msg.producer))
-    groups: RankUnits = {COMPUTE: [Unit(str(a), COMPUTE, _compute_deps(a, work, received, local), action=a)
-                                   for a in mine.compute]}
+    sends: Dict[str, List[Unit]] = {}  # producer -> the sends of what it made, in channel order
     for peer in mine.peers:  # message k of a channel is its (k + 1)th: the HELLO comes first
-        channel = mine.sends.get(peer, [])
-        groups[send_group(peer)] = [Unit(hello_name(rank, peer), send_group(peer), (), channel=(rank, peer, 0),
-                                         peer=peer, marker="hello")]
-        groups[send_group(peer)] += [Unit(msg.send_name, send_group(peer), (str(msg.producer),), message=msg,
-                                          channel=(rank, peer, k + 1), peer=peer) for k, msg in enumerate(channel)]
+        for k, msg in enumerate(mine.sends.get(peer, [])):
+            sends.setdefault(str(msg.producer), []).append(
+                Unit(msg.send_name, COMPUTE, send_stream(peer), (str(msg.producer),), message=msg,
+                     channel=(rank, peer, k + 1), peer=peer, role="send"))
+    compute = [Unit(hello_name(rank, peer), COMPUTE, send_stream(peer), (), channel=(rank, peer, 0), peer=peer,
+                    marker="hello", role="send") for peer in mine.peers]
+    for action in mine.compute:
+        compute.append(Unit(str(action), COMPUTE, COMPUTE, _compute_deps(action, received, local), action=action))
+        compute += sorted(sends.get(str(action), []), key=lambda u: (u.peer, u.channel))
+    groups: RankUnits = {COMPUTE: compute}
     for peer in mine.peers:
-        channel = mine.recvs.get(peer, [])
-        groups[recv_group(peer)] = [Unit(hello_name(peer, rank), recv_group(peer), (), channel=(peer, rank, 0),
-                                         peer=peer, marker="hello")]
-        groups[recv_group(peer)] += [Unit(msg.recv_name, recv_group(peer), (), message=msg,
-                                          channel=(peer, rank, k + 1), peer=peer) for k, msg in enumerate(channel)]
-    whole_step = tuple(units[-1].name for group, units in groups.items() if units)
+        group = recv_group(peer)
+        groups[group] = [Unit(hello_name(peer, rank), group, group, (), channel=(peer, rank, 0), peer=peer,
+                              marker="hello", role="recv")]
+        groups[group] += [Unit(msg.recv_name, group, group, (), message=msg, channel=(peer, rank, k + 1), peer=peer,
+                               role="recv") for k, msg in enumerate(mine.recvs.get(peer, []))]
+    whole_step = tuple(units[-1].name for units in groups.values() if units)
     for peer in mine.peers:
-        sent, got = len(mine.sends.get(peer, [])) + 1, len(_recvs_of(work, peer, rank)) + 1
-        groups[send_group(peer)].append(Unit(done_name(rank, peer), send_group(peer), whole_step,
-                                             channel=(rank, peer, sent), peer=peer, marker="done"))
-        groups[recv_group(peer)].append(Unit(done_name(peer, rank), recv_group(peer), (), channel=(peer, rank, got),
-                                             peer=peer, marker="done"))
+        sent, got = len(mine.sends.get(peer, [])) + 1, len(work.ranks[peer].sends.get(rank, [])) + 1
+        groups[COMPUTE].append(Unit(done_name(rank, peer), COMPUTE, send_stream(peer), whole_step,
+                                    channel=(rank, peer, sent), peer=peer, marker="done", role="send"))
+        groups[recv_group(peer)].append(Unit(done_name(peer, rank), recv_group(peer), recv_group(peer), (),
+                                             channel=(peer, rank, got), peer=peer, marker="done", role="recv"))
     return groups
 
 
-def _recvs_of(work: PipelineWork, src: int, dst: int) -> List[Message]:
-    return work.ranks[dst].recvs.get(src, [])
-
-
-def _compute_deps(action: Action, work: PipelineWork, received: Dict[Action, List[str]],
+def _compute_deps(action: Action, received: Dict[Action, List[str]],
                   local: Dict[Action, List[str]]) -> Tuple[str, ...]:
     deps: List[str] = []
     if action.kind in BACKWARD_KINDS:
