@@ -78,3 +78,24 @@ def test_many_steps_back_to_back_with_changing_shapes_stay_exact() -> None:
     for schedule, local in (("Schedule1F1B", 1), ("ScheduleInterleaved1F1B", 2)):
         results = run_on_ranks(steps_on_rank, 2, timeout=120, schedule=schedule, local=local, rows=rows)
         assert results == [[True] * len(rows)] * 2, schedule
+
+
+def test_the_watchdog_calls_only_waits_past_their_deadline_and_keeps_its_heap_small() -> None:
+    import threading
+    import time
+
+    from swpipeline.pp.watchdog import Watchdog
+
+    fired: List[str] = []
+    dog = Watchdog("test-watchdog")
+    for _ in range(1000):  # waits that end in time, as every message of every step does
+        dog.done(dog.watch(60.0, lambda: fired.append("early")))
+    late = threading.Event()
+    dog.watch(0.05, lambda: (fired.append("late"), late.set()))
+    assert late.wait(5.0)
+    assert fired == ["late"]
+    assert len(dog._deadlines.heap) < 200
+    thread = dog._thread
+    del dog
+    time.sleep(0.1)
+    assert thread is not None and not thread.is_alive()  # it ends with its owner

@@ -3,11 +3,10 @@
 Every rank builds every rank's units (``units.py``) from the configuration, then
 ``prove`` runs the rule the engines run on one rank (``Schedule.check``: each thread group
 a FIFO, a unit runs once the unit before it in its group and its dependencies are done)
-over all ranks at once, with one more rule for what crosses ranks: a send and its
-receive happen together, once both are at the head of their groups and the send's value
-is made. Running a unit never stops another from running, so the step completes for
-every timing if and only if it completes in one maximal run; that run is a topological
-sort of the graph whose nodes are the units (a send and its receive one node) and whose
+over all ranks at once, with one more dependency for what crosses ranks: a receive waits
+for its send (a send is posted and never waits). Running a unit never stops another from
+running, so the step completes for every timing if and only if it completes in one maximal
+run; that run is a topological sort of the graph whose nodes are the units and whose
 edges are "waits for". A cycle is a hang: the error names it, unit by unit, with the
 ranks, the microbatches and what each unit waits for.
 
@@ -30,23 +29,19 @@ from .units import ChannelKey, RankUnits, Unit
 
 __all__: List[str] = []
 
-NodeId = Tuple[int, str]  # (rank, unit name); a matched send and receive are one node, named by the send
+NodeId = Tuple[int, str]  # (rank, unit name)
 
 
 class Wait(NamedTuple):
-    """One "waits for" edge, between the units it joins (a node may be two units: a send and its receive)."""
+    """One "waits for" edge."""
 
-    node: NodeId  # the node waited for
-    waiter: NodeId  # the unit that waits
-    waited: NodeId  # the unit it waits for
+    node: NodeId  # the unit waited for
     reason: str
 
 
 class Graph(NamedTuple):
     units: Dict[NodeId, Unit]  # every unit, by (rank, name)
-    node_of: Dict[NodeId, NodeId]  # unit -> its node
-    waits: Dict[NodeId, List[Wait]]  # node -> what it waits for
-    partner: Dict[NodeId, NodeId]  # a receive -> its send, a send -> its receive
+    waits: Dict[NodeId, List[Wait]]  # unit -> what it waits for
 
 
 def build_graph(schedules: Mapping[int, RankUnits]) -> Graph:
@@ -59,24 +54,20 @@ def build_graph(schedules: Mapping[int, RankUnits]) -> Graph:
                 units[(rank, unit.name)] = unit
                 if unit.channel is not None:
                     ends.setdefault(unit.channel, {})[unit.role] = (rank, unit.name)
-    partner: Dict[NodeId, NodeId] = {}
+    waits: Dict[NodeId, List[Wait]] = {uid: [] for uid in units}
     for key, found in sorted(ends.items()):
         if set(found) != {"send", "recv"}:
             raise ScheduleHangError(_unmatched(key, found, units), [found.get("send") or found["recv"]])
-        partner[found["send"]], partner[found["recv"]] = found["recv"], found["send"]
-    node_of = {uid: (partner[uid] if unit.role == "recv" else uid) for uid, unit in units.items()}
-    waits: Dict[NodeId, List[Wait]] = {node: [] for node in set(node_of.values())}
+        waits[found["recv"]].append(Wait(found["send"], f"is received once rank {found['send'][0]} sends it"))
     for rank, groups in schedules.items():
         for group, group_units in groups.items():
             for k, unit in enumerate(group_units):
                 me = (rank, unit.name)
-                if k:
-                    before = (rank, group_units[k - 1].name)
-                    waits[node_of[me]].append(Wait(node_of[before], me, before,
-                                                   f"runs after it on rank {rank}'s {group} thread"))
-                for dep in unit.deps:
-                    waits[node_of[me]].append(Wait(node_of[(rank, dep)], me, (rank, dep), "needs it"))
-    return Graph(units, node_of, waits, partner)
+                waits[me] += [Wait((rank, dep), "needs it") for dep in unit.deps]
+                if k:  # listed last: where it also needs the unit before it, "needs it" is what the error says
+                    waits[me].append(Wait((rank, group_units[k - 1].name),
+                                          f"runs after it on rank {rank}'s {group} thread"))
+    return Graph(units, waits)
 
 
 def _unmatched(key: ChannelKey, found: Mapping[str, NodeId], units: Mapping[NodeId, Unit]) -> str:
@@ -109,7 +100,7 @@ def paper_times(schedules: Mapping[int, RankUnits], cost: Callable[[Unit], float
         ScheduleHangError: as ``prove``.
     """
     graph = build_graph(schedules)
-    waiting = {node: {w.node for w in ws} - {node} for node, ws in graph.waits.items()}
+    waiting = {node: {w.node for w in ws} for node, ws in graph.waits.items()}
     users: Dict[NodeId, List[NodeId]] = {node: [] for node in graph.waits}
     for node, deps in waiting.items():
         for dep in deps:
@@ -127,34 +118,30 @@ def paper_times(schedules: Mapping[int, RankUnits], cost: Callable[[Unit], float
                 ready.append(user)
     if len(end) < len(waiting):
         raise _hang(graph, {node for node in waiting if node not in end})
-    return {uid: (end[node] - cost(graph.units[node]), end[node]) for uid, node in graph.node_of.items()}
+    return {node: (end[node] - cost(graph.units[node]), end_time) for node, end_time in end.items()}
 
 
 def _hang(graph: Graph, stuck: Set[NodeId]) -> ScheduleHangError:
-    """The error for a cycle among the ``stuck`` nodes (each of which waits for another stuck one)."""
-    path: List[Wait] = []
+    """The error for a cycle among the ``stuck`` units (each of which waits for another stuck one)."""
+    path: List[Tuple[NodeId, Wait]] = []
     seen: Dict[NodeId, int] = {}
     node = min(stuck)
     while node not in seen:
         seen[node] = len(path)
-        wait = next(w for w in graph.waits[node] if w.node in stuck and w.node != node)
-        path.append(wait)
+        wait = next(w for w in graph.waits[node] if w.node in stuck)
+        path.append((node, wait))
         node = wait.node
     cycle = path[seen[node]:]
-    lines: List[str] = []
-    for k, wait in enumerate(cycle):
-        lines.append(_describe(graph, wait))
-        following = cycle[(k + 1) % len(cycle)]
-        if following.waiter != wait.waited:  # through a matched send and receive: say how they join
-            lines.append(_joined(graph, wait.waited, following.waiter))
-    members = [w.waiter for w in cycle]
+    lines = [f"{waiter[1]} on rank {waiter[0]} waits for {_label(graph, wait.node)}: it {wait.reason}"
+             for waiter, wait in cycle]
+    members = [waiter for waiter, _ in cycle]
     ranks = sorted({rank for rank, _ in members})
-    microbatches = sorted({graph.units[m].action.microbatch for m in members  # type: ignore[union-attr]
-                           if graph.units[m].action is not None})
-    turns = [w for w in cycle if w.reason.startswith("runs after")]
-    turn = next((w for w in turns if graph.units[w.waiter].action and graph.units[w.waited].action), None)
-    turn = turn or (turns[0] if turns else cycle[0])
-    fix = f"move {turn.waiter[1]} before {turn.waited[1]} on rank {turn.waiter[0]}"
+    microbatches = sorted({unit.action.microbatch for unit in (graph.units[m] for m in members)
+                           if unit.action is not None})
+    turns = [(waiter, wait) for waiter, wait in cycle if wait.reason.startswith("runs after")]
+    turn = next(((a, w) for a, w in turns if graph.units[a].action and graph.units[w.node].action), None)
+    waiter, wait = turn or (turns[0] if turns else cycle[0])
+    fix = f"move {waiter[1]} before {wait.node[1]} on rank {waiter[0]}"
     message = (f"the schedule would hang: ranks {', '.join(map(str, ranks))} wait on each other in a cycle "
                f"(microbatches {', '.join(map(str, microbatches)) or '-'}):\n  "
                + "\n  ".join(lines)
@@ -167,17 +154,6 @@ def _label(graph: Graph, uid: NodeId) -> str:
     unit = graph.units[uid]
     what = f" ({unit.message.describe()})" if unit.message is not None else ""
     return f"rank {uid[0]} {uid[1]}{what}"
-
-
-def _describe(graph: Graph, wait: Wait) -> str:
-    return f"{wait.waiter[1]} on rank {wait.waiter[0]} waits for {_label(graph, wait.waited)}: it {wait.reason}"
-
-
-def _joined(graph: Graph, a: NodeId, b: NodeId) -> str:
-    """How unit ``a`` (a send or a receive) and unit ``b`` (its partner) are one rendezvous."""
-    send, recv = (a, b) if graph.units[a].role == "send" else (b, a)
-    return (f"{recv[1]} on rank {recv[0]} happens only together with {send[1]} on rank {send[0]} (a message is "
-            f"received as it is sent)")
 
 
 def aligned_orders(schedules: Mapping[int, RankUnits], compute_group: str) -> Dict[int, List[Optional[Action]]]:

@@ -41,7 +41,9 @@ class RankRunner:
         self.rank = rank
         self.ops = ops
         self.transport = transport
-        self.peers = work.ranks[rank].peers
+        # how many messages this rank sends each peer in a step (HELLO, data, DONE)
+        self.channels = {unit.peer: unit.channel[2] + 1 for unit in units[COMPUTE] if unit.marker == "done"
+                         and unit.channel is not None}
         self.local = work.ranks[rank].local
         self.units = units
         self.plan = plan_of_rank(units, self._task)
@@ -58,7 +60,7 @@ class RankRunner:
             raise RuntimeError(f"step() after a failed step ({self.failure.where()} failed with "
                                f"{self.failure.error}): the ranks' messages are out of step; build the process group "
                                f"and the schedule again (usually: restart the job)")
-        self.transport.start_step(self.peers, self.mode)
+        self.transport.start_step(self.channels, self.mode)
         try:
             self.pipe.run([state])
         except BaseException as exc:

@@ -16,8 +16,9 @@ buffer posted before it arrived; only the first step (and a change of shape) pay
 round trip.
 
 Failures. When a rank's step fails (a task raised, a message said another rank failed,
-a receive timed out), ``fail`` sends the failure on every channel in place of the next
-message and sends nothing more in this step. Whoever waits for that message gets the
+a receive timed out), ``fail`` sends the failure on every channel in place of every message
+not sent yet (the peer may wait for any of them: its receives are taken where they are
+needed) and sends nothing more in this step. Whoever waits for that message gets the
 failure, fails in turn and passes it on, so the first failure reaches every rank that
 waits, directly or through others, for the rank it happened on, and each of them raises
 ``PipelineRankError`` naming that rank, stage, microbatch and the original exception.
@@ -39,7 +40,7 @@ import datetime
 import json
 import logging
 import threading
-from typing import Any, Dict, List, NamedTuple, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, NoReturn, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -106,9 +107,11 @@ def tag(index: int, part: int) -> int:
 
 
 class _Outbox:
-    """The sending end of one channel in one step: the next message's position, and whether it is closed."""
+    """The sending end of one channel in one step: how many messages it carries, the next one's position, and
+    whether it is closed."""
 
-    def __init__(self) -> None:
+    def __init__(self, count: int) -> None:
+        self.count = count
         self.next_index = 0
         self.closed = False
 
@@ -141,11 +144,11 @@ class Transport:
 
     # -- the step's life cycle ------------------------------------------------------------------
 
-    def start_step(self, peers: Sequence[int], mode: Any) -> None:
-        """A new step of kind ``mode`` (its messages' layouts are remembered per kind): post every receive whose
-        layout is known from the last step of that kind."""
+    def start_step(self, channels: Mapping[int, int], mode: Any) -> None:
+        """A new step of kind ``mode`` (its messages' layouts are remembered per kind), sending ``channels[q]``
+        messages to each peer ``q``: post every receive whose layout is known from the last step of that kind."""
         with self._lock:
-            self._outboxes = {peer: _Outbox() for peer in peers}
+            self._outboxes = {peer: _Outbox(count) for peer, count in channels.items()}
             self._abandoned += self._works + list(self._posted.values())
             self._works, self._posted, self._mode = [], {}, mode
             self.failure = None
@@ -192,7 +195,8 @@ class Transport:
                 box.next_index = index + 1
 
     def fail(self, failure: Failure) -> Failure:
-        """Send the step's first failure on every open channel in place of its next message; returns the first one.
+        """Send the step's first failure on every open channel in place of every message not sent yet; returns the
+        first one.
 
         Nothing more is sent in this step. Called again (a later failure), it only returns the first.
         """
@@ -205,17 +209,22 @@ class Transport:
                 if box.closed:
                     continue
                 box.closed = True
-                expected = self._sent.get((self._mode, peer, box.next_index))
-                try:  # where the receiver waits: a buffer of the expected size, or a header
-                    if expected is not None:
-                        self._post(marker(FAILED, [text.numel()], packed_size(expected)), peer,
-                                   tag(box.next_index, FAST))
-                    else:
-                        self._post(marker(FAILED, [text.numel()]), peer, tag(box.next_index, ANNOUNCE))
-                    self._post(text, peer, tag(box.next_index, TEXT))
+                try:
+                    for index in range(box.next_index, box.count):
+                        self._post_failure(peer, index, text)
                 except Exception as exc:  # a peer already gone: the others must still hear of it
                     logger.warning("swpipeline.pp: could not tell rank %s of the failure: %s", peer, exc)
             return failure
+
+    def _post_failure(self, peer: int, index: int, text: torch.Tensor) -> None:
+        """The failure as message ``index``, where the receiver waits for it: in a buffer of the layout it expects,
+        or as a header. Called under the lock."""
+        expected = self._sent.get((self._mode, peer, index))
+        if expected is not None:
+            self._post(marker(FAILED, [text.numel()], packed_size(expected)), peer, tag(index, FAST))
+        else:
+            self._post(marker(FAILED, [text.numel()]), peer, tag(index, ANNOUNCE))
+        self._post(text, peer, tag(index, TEXT))
 
     def _post(self, tensor: torch.Tensor, peer: int, message_tag: int) -> None:
         """Post one send; its handle is kept (dropping a pending send cancels it). Called under the lock."""

@@ -1,30 +1,31 @@
 """One rank's step as units on thread groups: what its plan runs and what the cross-rank check proves.
 
-A rank runs its step on these thread groups, every one a FIFO of units in the order
-listed here::
+A rank runs its step on these thread groups, each a FIFO of units in the order listed::
 
-    compute      the rank's compute actions in its schedule's order, each followed by the sends of
-                 what it made:           HELLO0>1 0F0 0SEND_F0 0F1 0SEND_F1 0B0 ... DONE0>1
-    recv{q}      the messages from rank q, in channel order:    HELLO1>0 0RECV_B0 0RECV_B1 ... DONE1>0
+    compute      the rank's compute actions in its schedule's order, each preceded by the receives of
+                 what it needs and followed by the sends of what it made:
+                 HELLO0>1 0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 ... DONE0>1
+    peer{q}      rank q's start and end of step:  HELLO1>0 DONE1>0
 
-A send only posts its message (``isend``) and never blocks, so it runs on the compute
-thread, as soon as its value exists, on a stream of its own (``send{q}``: on a GPU it
-overlaps the compute). A receive blocks until its message arrives, so each peer's receives
-have a thread (and a stream) of their own: they wait while the rank computes.
+Every receive of the step is posted when the step starts (``transport.py``), so a message
+lands in its buffer whenever it arrives, while the rank computes; the receive *unit* only
+takes it, just before the action that needs it, on a stream of its own (``recv{q}``). A send
+only posts its message and never blocks, so it runs as soon as its value exists, on a stream
+of its own (``send{q}``): on a GPU both overlap the compute. Neither waits on the compute
+thread for anything but its message, so no hand-off between threads is paid per message.
 
 A unit also waits for its dependencies on the same rank: a forward for the receive of
 its input (or, where the previous stage is on this rank, for that stage's forward), a
 backward for its forward and the receive of its output's gradient, ``W`` for its ``I``, a
 send for the action that made its value. Each rank's first message on a channel is a
-``HELLO``, sent as its step starts: a rank that never starts its step is found out by the
-first wait on it, whatever it would send later. Its last is a ``DONE``, sent once the
-rank's whole step is done (every unit but its own DONE receives): a rank whose step returns
+``HELLO``, sent as its step starts and taken by a thread of its own: a rank that never
+starts its step is found out whatever the compute is doing. Its last is a ``DONE``, sent once
+the rank's whole step is done (every unit but its own DONE receives): a rank whose step returns
 knows that each rank it talks to finished too. A rank that fails sends its error in place
 of the next message instead (``transport.py``).
 
-Across ranks a send and its receive happen together (a rendezvous: the stricter rule, right
-whether a send waits for its receiver, as on NCCL streams, or not). ``plan_of_rank.py`` turns
-the units into the rank's ``PipelinePlan``; ``check.py`` proves all ranks' units together.
+Across ranks a receive waits for its send (a send never waits: it is posted). ``plan_of_rank.py``
+turns the units into the rank's ``PipelinePlan``; ``check.py`` proves all ranks' units together.
 The same lists serve both, so the check proves what runs.
 """
 
@@ -45,8 +46,13 @@ def send_stream(peer: int) -> str:
     return f"send{peer}"
 
 
-def recv_group(peer: int) -> str:
+def recv_stream(peer: int) -> str:
     return f"recv{peer}"
+
+
+def peer_group(peer: int) -> str:
+    """The thread (and stream) that waits for rank ``peer``'s start and end of step."""
+    return f"peer{peer}"
 
 
 class Unit(NamedTuple):
@@ -93,22 +99,27 @@ def units_of_rank(work: PipelineWork, rank: int) -> RankUnits:
                      channel=(rank, peer, k + 1), peer=peer, role="send"))
     compute = [Unit(hello_name(rank, peer), COMPUTE, send_stream(peer), (), channel=(rank, peer, 0), peer=peer,
                     marker="hello", role="send") for peer in mine.peers]
+    recvs: Dict[Action, List[Unit]] = {}  # consumer -> the receives of what it needs
+    for peer in mine.peers:
+        for k, msg in enumerate(mine.recvs.get(peer, [])):
+            recvs.setdefault(msg.consumer, []).append(
+                Unit(msg.recv_name, COMPUTE, recv_stream(peer), (), message=msg, channel=(peer, rank, k + 1), peer=peer,
+                     role="recv"))
     for action in mine.compute:
+        compute += sorted(recvs.get(action, []), key=lambda u: (u.peer, u.channel))
         compute.append(Unit(str(action), COMPUTE, COMPUTE, _compute_deps(action, received, local), action=action))
         compute += sorted(sends.get(str(action), []), key=lambda u: (u.peer, u.channel))
     groups: RankUnits = {COMPUTE: compute}
     for peer in mine.peers:
-        group = recv_group(peer)
+        group = peer_group(peer)
         groups[group] = [Unit(hello_name(peer, rank), group, group, (), channel=(peer, rank, 0), peer=peer,
                               marker="hello", role="recv")]
-        groups[group] += [Unit(msg.recv_name, group, group, (), message=msg, channel=(peer, rank, k + 1), peer=peer,
-                               role="recv") for k, msg in enumerate(mine.recvs.get(peer, []))]
     whole_step = tuple(units[-1].name for units in groups.values() if units)
     for peer in mine.peers:
         sent, got = len(mine.sends.get(peer, [])) + 1, len(work.ranks[peer].sends.get(rank, [])) + 1
         groups[COMPUTE].append(Unit(done_name(rank, peer), COMPUTE, send_stream(peer), whole_step,
                                     channel=(rank, peer, sent), peer=peer, marker="done", role="send"))
-        groups[recv_group(peer)].append(Unit(done_name(peer, rank), recv_group(peer), recv_group(peer), (),
+        groups[peer_group(peer)].append(Unit(done_name(peer, rank), peer_group(peer), peer_group(peer), (),
                                              channel=(peer, rank, got), peer=peer, marker="done", role="recv"))
     return groups
 

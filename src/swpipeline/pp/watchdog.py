@@ -11,7 +11,8 @@ connections still work), then the receive's own wait ends at ``timeout + grace``
                                    on_expiry()        the receive fails (gloo closes the connections)
 
 The thread is started by the first deadline and ends when the ``Watchdog`` is dropped;
-between deadlines it sleeps on a condition, so a wait costs a lock and a heap entry.
+between deadlines it sleeps on a condition, so a wait costs a lock and a heap entry (the entries
+of waits that ended are dropped from time to time, so the heap stays as small as the waits).
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ class Watchdog:
         state = self._deadlines
         with state.cond:
             state.pending[token] = on_expiry
+            if len(state.heap) > 2 * len(state.pending) + 64:  # drop the entries of waits that ended
+                state.heap = [entry for entry in state.heap if entry[1] in state.pending]
+                heapq.heapify(state.heap)
             heapq.heappush(state.heap, (deadline, token))
             if state.heap[0][1] == token:
                 state.cond.notify()
