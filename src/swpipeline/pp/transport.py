@@ -106,6 +106,27 @@ def tag(index: int, part: int) -> int:
     return TAG_BASE + index * PARTS + part
 
 
+_DIRECTIONS: Dict[Any, Tuple[Any, Any]] = {}  # a pipeline's process group -> its (up, down) groups
+
+
+def direction_groups(group: Any) -> Tuple[Any, Any]:
+    """Two process groups over the ranks of ``group``: one carries the messages to higher ranks, the other those to
+    lower ranks, so that every connection carries messages one way only.
+
+    On gloo, two ranks sending each other a message at the same moment over one connection each
+    wait, now and then, milliseconds for the other; one way per connection, they never do (about
+    one send in 20 stalled over a millisecond in a test of 1,000 crossing messages; none after).
+    Made once per pipeline group, by its ranks only (every rank builds its schedules in one order),
+    and kept for the process's life.
+    """
+    key = group if group is not None else dist.group.WORLD
+    if key not in _DIRECTIONS:
+        ranks = dist.get_process_group_ranks(key)
+        _DIRECTIONS[key] = (dist.new_group(ranks, use_local_synchronization=True),
+                            dist.new_group(ranks, use_local_synchronization=True))
+    return _DIRECTIONS[key]
+
+
 class _Outbox:
     """The sending end of one channel in one step: how many messages it carries, the next one's position, and
     whether it is closed."""
@@ -128,6 +149,7 @@ class Transport:
 
     def __init__(self, group: Any, rank: int, device: torch.device, timeout: float) -> None:
         self.group = group
+        self._up, self._down = direction_groups(group)
         self.rank = rank
         self.device = device
         self.timeout_s = timeout
@@ -155,7 +177,7 @@ class Transport:
             for (kind, peer, index), layout in self._got.items():
                 if kind == mode:
                     buffer = torch.empty(packed_size(layout), dtype=torch.uint8, device=self.device)
-                    work = dist.irecv(buffer, group=self.group, group_src=peer, tag=tag(index, FAST))
+                    work = self._irecv(buffer, peer, tag(index, FAST))
                     self._posted[(peer, index)] = (work, buffer)
 
     def finish_step(self) -> None:
@@ -226,10 +248,17 @@ class Transport:
             self._post(marker(FAILED, [text.numel()]), peer, tag(index, ANNOUNCE))
         self._post(text, peer, tag(index, TEXT))
 
+    def _to(self, peer: int) -> Any:
+        """The process group of messages from this rank to ``peer`` (one per direction: see direction_groups)."""
+        return self._up if peer > self.rank else self._down
+
+    def _irecv(self, buffer: torch.Tensor, peer: int, message_tag: int) -> Any:
+        return dist.irecv(buffer, group=self._down if peer > self.rank else self._up, group_src=peer, tag=message_tag)
+
     def _post(self, tensor: torch.Tensor, peer: int, message_tag: int) -> None:
         """Post one send; its handle is kept (dropping a pending send cancels it). Called under the lock."""
         tensor = tensor.to(self.device)
-        self._works.append((dist.isend(tensor, group=self.group, group_dst=peer, tag=message_tag), tensor, peer))
+        self._works.append((dist.isend(tensor, group=self._to(peer), group_dst=peer, tag=message_tag), tensor, peer))
 
     # -- receiving --------------------------------------------------------------------------------
 
@@ -247,7 +276,7 @@ class Transport:
                 posted = self._posted.pop((peer, index), None)
             if posted is None:
                 buffer = torch.empty(packed_size(expected), dtype=torch.uint8, device=self.device)
-                posted = (dist.irecv(buffer, group=self.group, group_src=peer, tag=tag(index, FAST)), buffer)
+                posted = (self._irecv(buffer, peer, tag(index, FAST)), buffer)
             work, buffer = posted
             self._wait(work, peer, what, 2 * self.timeout_s)
             values = read_header(buffer)
@@ -262,7 +291,7 @@ class Transport:
             raise self._protocol_error(peer, what, values[0])
         layout = layout_from(values)
         buffer = torch.empty(packed_size(layout), dtype=torch.uint8, device=self.device)
-        self._wait(dist.irecv(buffer, group=self.group, group_src=peer, tag=tag(index, SLOW)), peer, what, None)
+        self._wait(self._irecv(buffer, peer, tag(index, SLOW)), peer, what, None)
         self._got[key] = layout
         return unpack(buffer, layout)
 
@@ -276,7 +305,7 @@ class Transport:
 
     def _receive_header(self, peer: int, index: int, what: str, seconds: Optional[float]) -> List[int]:
         header = torch.empty(HEADER_BYTES, dtype=torch.uint8, device=self.device)
-        self._wait(dist.irecv(header, group=self.group, group_src=peer, tag=tag(index, ANNOUNCE)), peer, what, seconds)
+        self._wait(self._irecv(header, peer, tag(index, ANNOUNCE)), peer, what, seconds)
         values = read_header(header)
         if values[0] == FAILED:
             self._raise_failure(peer, index, what, values[1])
@@ -284,7 +313,7 @@ class Transport:
 
     def _raise_failure(self, peer: int, index: int, what: str, length: int) -> NoReturn:
         text = torch.empty(length, dtype=torch.uint8, device=self.device)
-        self._wait(dist.irecv(text, group=self.group, group_src=peer, tag=tag(index, TEXT)), peer, what, None)
+        self._wait(self._irecv(text, peer, tag(index, TEXT)), peer, what, None)
         if self.failure is not None:  # this rank failed already: the failure coming back, nothing new
             raise PipelineAborted("the step failed")
         raise Failure.decode(bytes(text.cpu().tolist())).error_for(self.rank)
