@@ -120,6 +120,10 @@ class SavedBytes:
                 self.refs[key] = (count - 1, size)
 
 
+def _unpack(held: Any) -> torch.Tensor:
+    return held.t if isinstance(held, _Held) else held
+
+
 class _Held:
     def __init__(self, t: torch.Tensor, key: int, owner: SavedBytes) -> None:
         self.t, self.key, self.owner = t, key, owner
@@ -205,7 +209,7 @@ def measure_model(model: str, rank: int, world: int, args: argparse.Namespace) -
             step(v)
         exact[v] = _exact(built[v][1], blocks, ref, num_params, world, SCHEDULES[v[0]], rank)
         saved = SavedBytes([p for m in built[v][1].values() for p in m.parameters()])
-        with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda held: getattr(held, "t", held)):
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, _unpack):
             step(v)
         gathered: List[Any] = [None] * world
         dist.all_gather_object(gathered, saved.peak / 2**20)
