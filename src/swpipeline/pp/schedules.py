@@ -8,8 +8,11 @@ Each one is ``PipelineSchedule`` with its own action orders (``orders.py``)::
     ScheduleInterleavedZeroBubble(stages, n_microbatches, loss_fn=None, ..., scale_grads=True)
     ScheduleFromActions(stages, n_microbatches, actions, loss_fn=None, scale_grads=True)
 
-Every schedule also takes ``timeout=`` (keyword only; seconds to wait for one message
-from another rank before failing, naming it; default 300).
+Every schedule also takes, keyword only, ``timeout=`` (seconds to wait for a rank to start
+its step before failing, naming it; twice that for a later message; default 300) and
+``skips=`` (skip connections: ``(from stage, to stage)`` pairs at least two stages apart; the
+later stage's forward takes the previous stage's output, then each skip source's, in stage
+order).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ class PipelineScheduleSingle(PipelineSchedule):
 
     def __init__(self, stage: PipelineStage, n_microbatches: int, loss_fn: LossFn = None,
                  args_chunk_spec: Any = None, kwargs_chunk_spec: Any = None, output_merge_spec: Any = None,
-                 scale_grads: bool = True, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+                 scale_grads: bool = True, *, timeout: float = DEFAULT_TIMEOUT_S, skips: Iterable[Skip] = ()) -> None:
         who = type(self).__name__
         _check_specs(who, args_chunk_spec=args_chunk_spec, kwargs_chunk_spec=kwargs_chunk_spec,
                      output_merge_spec=output_merge_spec)
@@ -53,7 +56,8 @@ class PipelineScheduleSingle(PipelineSchedule):
         if stage.num_stages != stage.group_size:
             raise ValueError(f"{who} runs one stage per rank, but the pipeline has {stage.num_stages} stages on "
                              f"{stage.group_size} ranks: use ScheduleInterleaved1F1B for several stages per rank")
-        super().__init__([stage], n_microbatches, loss_fn, scale_grads, self._orders, timeout=timeout)
+        super().__init__([stage], n_microbatches, loss_fn, scale_grads, self._orders, timeout=timeout,
+                         skips=_check_skips(who, skips, [stage]))
 
     def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
         raise NotImplementedError
