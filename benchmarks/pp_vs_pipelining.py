@@ -22,7 +22,10 @@ Columns (median over ``--rounds`` rounds of ``--steps`` timed steps, after 3 war
     once during one step (counted through ``saved_tensors_hooks``, each storage once): the
     activation memory a schedule keeps alive;
     ``vs torch``: torch's ms/step over this one's (above 1: faster than torch);
-    ``exact``: this library's gradients after one step equal the one-process model's bit for bit.
+    ``exact``: this library's gradients after one step equal the one-process model's bit for bit;
+    ``simulated``: ``swpipeline.pp.simulate``'s ms/step for the schedule, given the stage costs that
+    ``measure()`` took from five GPipe steps (and its error against the measured ms/step): the
+    single-stage schedules only (the costs are of one stage per rank).
 
 Run: ``python benchmarks/pp_vs_pipelining.py`` (about a minute on 2 cores). The ranks share the
 machine's cores: on a 2-core machine 2 ranks have one core each at best, so say so beside
@@ -214,6 +217,13 @@ def measure_model(model: str, rank: int, world: int, args: argparse.Namespace) -
         gathered: List[Any] = [None] * world
         dist.all_gather_object(gathered, saved.peak / 2**20)
         peak[v] = gathered
+    costs = None
+    if ("ScheduleGPipe", "swpipeline") in built:  # what the simulator is given: one GPipe step, measured
+        schedule, modules = built[("ScheduleGPipe", "swpipeline")]
+        for m in modules.values():
+            m.zero_grad(set_to_none=True)
+        first, last = 0 in modules, world - 1 in modules
+        costs = schedule.measure(*((x,) if first else ()), steps=5, **({"target": y} if last else {}))
     times: Dict[Tuple[str, str], List[float]] = {v: [] for v in variants}
     for _ in range(args.rounds):
         for v in variants:
@@ -223,7 +233,15 @@ def measure_model(model: str, rank: int, world: int, args: argparse.Namespace) -
                 step(v)
             dist.barrier()
             times[v].append((time.perf_counter() - start) / args.steps * 1e3)
-    return {"model": model, "single": single, "times": times, "peak": peak, "exact": exact}
+    simulated: Dict[Tuple[str, str], float] = {}
+    if costs is not None:
+        from swpipeline.pp import simulate
+
+        if SCHEDULES["ScheduleGPipe"] == 1:  # costs of one stage per rank: the interleaved ones split them again
+            for name in args.schedules:
+                if SCHEDULES[name] == 1:
+                    simulated[(name, "swpipeline")] = simulate(name, world, n, x.shape[0], costs)
+    return {"model": model, "single": single, "times": times, "peak": peak, "exact": exact, "simulated": simulated}
 
 
 def _exact(modules: Dict[int, nn.Module], blocks: List[nn.Module], ref: List[torch.Tensor], num_params: int,
@@ -255,13 +273,15 @@ def table(result: Dict[str, Any], args: argparse.Namespace) -> str:
         median = statistics.median(runs)
         theirs = statistics.median(result["times"][(name, "torch")])
         bubble = 1 - result["single"] / (p * median)
+        sim = result["simulated"].get((name, lib))
+        sim_text = f"{sim:.1f} ({sim / median - 1:+.0%})" if sim is not None else ""
         rows.append([name.replace("Schedule", ""), lib, f"{median:.1f}", f"{min(runs):.1f}", f"{bubble:.0%}",
                      f"{(p - 1) / (m + p - 1):.0%}", " / ".join(f"{v:.2f}" for v in result["peak"][(name, lib)]),
-                     f"{theirs / median:.2f}", "yes" if result["exact"][(name, lib)] else "NO"])
+                     f"{theirs / median:.2f}", "yes" if result["exact"][(name, lib)] else "NO", sim_text])
     head = (f"{result['model']}: {p} gloo ranks, {m} microbatches; one process, one thread: "
             f"{result['single']:.1f} ms/step")
     return head + "\n" + format_table(["schedule", "library", "ms/step", "min", "bubble", "ideal",
-                                       "peak act. MB per rank", "vs torch", "exact"], rows, left=2)
+                                       "peak act. MB per rank", "vs torch", "exact", "simulated"], rows, left=2)
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import swpipeline.pp as pp
 EXPORTED = {
     "Action", "Kind", "PipelineRankError", "PipelineSchedule", "PipelineScheduleMulti", "PipelineScheduleSingle",
     "PipelineStage", "RankTimeoutError", "Schedule1F1B", "ScheduleFromActions", "ScheduleGPipe", "ScheduleHangError",
-    "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble",
+    "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble", "StageCosts", "autoplan", "simulate",
 }
 
 

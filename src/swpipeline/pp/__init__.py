@@ -27,6 +27,9 @@ from .actions import Kind as Kind
 from .errors import PipelineRankError as PipelineRankError
 from .errors import RankTimeoutError as RankTimeoutError
 from .errors import ScheduleHangError as ScheduleHangError
+from .planner import StageCosts as StageCosts
+from .planner import autoplan as autoplan
+from .planner import simulate as simulate
 from .schedule_base import PipelineSchedule as PipelineSchedule
 from .schedules import PipelineScheduleMulti as PipelineScheduleMulti
 from .schedules import PipelineScheduleSingle as PipelineScheduleSingle
@@ -52,4 +55,7 @@ __all__: List[str] = [
     "ScheduleHangError",
     "ScheduleInterleaved1F1B",
     "ScheduleInterleavedZeroBubble",
+    "StageCosts",
+    "autoplan",
+    "simulate",
 ]

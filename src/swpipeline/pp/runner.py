@@ -12,7 +12,7 @@ schedule refuses to run another.
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -54,21 +54,30 @@ class RankRunner:
         self.failure: Optional[Failure] = None
         self.mode = ops.backward  # messages are laid out alike from one step of a kind to the next
 
-    def run(self, state: StepState) -> None:
-        """Run one step; on failure every rank that waits for this one hears of it, and the error is raised."""
+    def run(self, state: StepState, trace: bool = False) -> None:
+        """Run one step (``trace``: record its timeline, see ``durations``); on failure every rank that waits for
+        this one hears of it, and the error is raised."""
         if self.failure is not None:
             raise RuntimeError(f"step() after a failed step ({self.failure.where()} failed with "
                                f"{self.failure.error}): the ranks' messages are out of step; build the process group "
                                f"and the schedule again (usually: restart the job)")
         self.transport.start_step(self.channels, self.mode)
         try:
-            self.pipe.run([state])
+            self.pipe.run([state], trace=trace or None)
         except BaseException as exc:
             first = self.failure = self.transport.fail(Failure(self.rank, None, None, None, describe_error(exc)))
             if first.rank == self.rank and not first.silent:
                 raise  # this rank's own error, as it was raised
             raise first.error_for(self.rank) from None  # what happened elsewhere, said the same on every rank
         self.transport.finish_step()
+
+    def durations(self) -> Dict[str, List[float]]:
+        """What each unit of the last traced step took, in milliseconds, by name."""
+        found: Dict[str, List[float]] = {}
+        timeline = self.pipe.timeline
+        for record in timeline.records if timeline is not None else []:
+            found.setdefault(record.task, []).append((record.cpu_end - record.cpu_start) * 1e3)
+        return found
 
     # -- the tasks --------------------------------------------------------------------------------
 

@@ -13,7 +13,9 @@ gradients by ``n_microbatches`` when ``scale_grads``::
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -24,6 +26,7 @@ from .check import aligned_orders, prove
 from .comms import PipelineWork, Skip, derive
 from .compute import StageOps, StepState
 from .microbatches import merge_outputs, split_args, split_target
+from .planner import StageCosts, costs_from_timelines, simulate_orders
 from .runner import RankRunner
 from .stage import PipelineStage
 from .transport import Transport
@@ -128,8 +131,40 @@ class PipelineSchedule:
         """A forward-only step (the same arguments as ``step``); losses are computed when ``target`` is given."""
         return self._step(False, args, kwargs, target, losses, True)
 
+    def measure(self, *args: Any, target: Any = None, steps: int = 1, **kwargs: Any) -> StageCosts:
+        """Run ``steps`` training steps like ``step()`` (their gradients add up as steps' do) with their timelines
+        recorded, and return what every stage's forward and backward of one microbatch took: the costs that
+        ``swpipeline.pp.simulate`` and ``autoplan`` take. Call it on every rank, like ``step()``.
+
+        The costs are medians over the steps; ``message_ms`` is what taking a received message costs plus a
+        message's way between two ranks (ranks 0 and 1 time it); ``step_ms`` is what a step took beyond its
+        actions on paper.
+        """
+        durations: Dict[str, List[float]] = {}
+        walls: List[float] = []
+        for _ in range(max(int(steps), 1)):
+            start = time.perf_counter()
+            self._step(True, args, kwargs, target, None, False, trace=True)
+            walls.append((time.perf_counter() - start) * 1e3)
+            for name, values in self._runner(True).durations().items():
+                durations.setdefault(name, []).extend(values)
+        latency = 0.0  # a message's way from one rank to the next: ranks 0 and 1 time it for everyone
+        if self.num_ranks > 1 and self.rank < 2:
+            latency = self._transport.one_way_ms(1 - self.rank)
+        mine = (durations, sorted(walls)[len(walls) // 2], args[0].shape[0] if self._has_first and args else 0,
+                latency)
+        gathered: List[Any] = [None] * self.num_ranks
+        dist.all_gather_object(gathered, mine, group=self._stages[0].group)
+        batch = max(g[2] for g in gathered)
+        costs = costs_from_timelines([g[0] for g in gathered], self.num_stages, max(batch // self._n_microbatches, 1),
+                                     0.0)
+        costs = dataclasses.replace(costs, message_ms=costs.message_ms + max(g[3] for g in gathered))
+        orders = self._orders_fn(self.num_ranks, self.num_stages // self.num_ranks, self._n_microbatches, True)
+        on_paper = simulate_orders(orders, self.num_ranks, self._n_microbatches, batch, costs, self._skips)
+        return dataclasses.replace(costs, step_ms=max(max(g[1] for g in gathered) - on_paper, 0.0))
+
     def _step(self, backward: bool, args: Tuple[Any, ...], kwargs: Dict[str, Any], target: Any,
-              losses: Optional[List[Any]], return_outputs: bool) -> Any:
+              losses: Optional[List[Any]], return_outputs: bool, trace: bool = False) -> Any:
         n = self._n_microbatches
         if self._has_first and not args:
             raise ValueError(f"step(): rank {self.rank} holds stage 0, which takes the model's input; pass it: "
@@ -142,7 +177,7 @@ class PipelineSchedule:
         arg_mbs, kwarg_mbs = split_args(args if self._has_first else (), kwargs, n)
         targets = split_target(target, n) if self._has_last else None
         state = StepState(arg_mbs, kwarg_mbs, targets)
-        self._runner(backward).run(state)
+        self._runner(backward).run(state, trace)
         if backward and self.scale_grads and n != 1:
             for stage in self._stages:
                 for param in stage.submod.parameters():

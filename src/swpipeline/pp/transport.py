@@ -40,6 +40,7 @@ import datetime
 import json
 import logging
 import threading
+import time
 from typing import Any, Dict, List, Mapping, NamedTuple, NoReturn, Optional, Tuple
 
 import torch
@@ -248,12 +249,30 @@ class Transport:
             self._post(marker(FAILED, [text.numel()]), peer, tag(index, ANNOUNCE))
         self._post(text, peer, tag(index, TEXT))
 
+    def one_way_ms(self, peer: int, trips: int = 20) -> float:
+        """Half the median round trip of a small message to ``peer`` and back (``peer`` runs it too)."""
+        probe = torch.zeros(HEADER_BYTES // 8, dtype=torch.int64, device=self.device)
+        trips_ms: List[float] = []
+        for _ in range(trips):
+            start = time.perf_counter()
+            if self.rank < peer:
+                dist.send(probe, group=self._to(peer), group_dst=peer, tag=TAG_BASE - 1)
+                dist.recv(probe, group=self._from(peer), group_src=peer, tag=TAG_BASE - 1)
+            else:
+                dist.recv(probe, group=self._from(peer), group_src=peer, tag=TAG_BASE - 1)
+                dist.send(probe, group=self._to(peer), group_dst=peer, tag=TAG_BASE - 1)
+            trips_ms.append((time.perf_counter() - start) * 1e3)
+        return sorted(trips_ms)[len(trips_ms) // 2] / 2
+
+    def _from(self, peer: int) -> Any:
+        return self._down if peer > self.rank else self._up
+
     def _to(self, peer: int) -> Any:
         """The process group of messages from this rank to ``peer`` (one per direction: see direction_groups)."""
         return self._up if peer > self.rank else self._down
 
     def _irecv(self, buffer: torch.Tensor, peer: int, message_tag: int) -> Any:
-        return dist.irecv(buffer, group=self._down if peer > self.rank else self._up, group_src=peer, tag=message_tag)
+        return dist.irecv(buffer, group=self._from(peer), group_src=peer, tag=message_tag)
 
     def _post(self, tensor: torch.Tensor, peer: int, message_tag: int) -> None:
         """Post one send; its handle is kept (dropping a pending send cancels it). Called under the lock."""
