@@ -47,6 +47,11 @@ def checks_on_rank(rank: int, world: int) -> Dict[str, Any]:
         step(schedule)
         want = reference_grads(model, x, y, 2)[0][stage_param_slice(model, rank, world)]
         out[name] = all(torch.equal(p.grad, g) for p, g in zip(mine.submod.parameters(), want))
+    # a forward-only step: the last rank's output is the whole model's, bit for bit
+    evaluated = pp.ScheduleGPipe(stage(), 4, loss_fn=loss_fn).eval(*((x,) if rank == 0 else ()))
+    if rank == world - 1:
+        with torch.no_grad():
+            out["eval"] = torch.equal(evaluated, torch.cat([model(xm) for xm in torch.tensor_split(x, 4)]))
     out["table"] = pp.Schedule1F1B(stage(), 3, loss_fn=loss_fn).format_schedule()
     out["order"] = {r: [str(a) if a is not None else None for a in row]
                     for r, row in pp.Schedule1F1B(stage(), 3, loss_fn=loss_fn).pipeline_order.items()}
@@ -63,6 +68,7 @@ def test_checks_before_sending_on_two_ranks() -> None:
     # nothing was sent by the refused schedule: the schedules built after it run exactly
     assert [r["custom"] for r in results] == [True, True]
     assert [r["gpipe"] for r in results] == [True, True]
+    assert results[1]["eval"] is True
     # every rank knows every rank's schedule: the same table everywhere
     assert results[0]["table"] == results[1]["table"] == "\n".join([
         "Schedule1F1B: 2 ranks, 2 stages, 3 microbatches; 8 ticks, 25% idle (one tick per action)",
