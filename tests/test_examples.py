@@ -1,7 +1,7 @@
 """The scripts in examples/ run and check what they claim; the README's example runs as printed.
 
-Each script runs in a fresh interpreter (torchrec_two_ranks.py on 2 ranks through
-torch.distributed.run), bounded in time; a script that does not finish is killed with
+Each script runs in a fresh interpreter (torchrec_two_ranks.py and pipeline_parallel.py on 2 ranks
+through torch.distributed.run), bounded in time; a script that does not finish is killed with
 every process it started. Every examples/*.py must be listed here, so none goes unrun.
 """
 
@@ -30,7 +30,9 @@ SINGLE_PROCESS = {
     "staleness_loss.py": "final weights bitwise equal to run_serial: yes (k = 0, 1, 2; 200 steps)",
 }
 WRITES_A_FIGURE = {"staleness_loss.py"}  # run with --out in a temporary folder, not over the docs' copy
-TWO_RANKS = {"torchrec_two_ranks.py": "losses bitwise equal to TorchRec's: yes"}
+TWO_RANKS = {"torchrec_two_ranks.py": "losses bitwise equal to TorchRec's: yes",
+             "pipeline_parallel.py": "bitwise equal to torch.distributed.pipelining's: yes"}
+NEEDS = {"torchrec_two_ranks.py": "torchrec"}  # an optional package a script imports
 TIMEOUT_S = 120.0
 TWO_RANKS_TIMEOUT_S = 150.0  # two interpreters importing TorchRec on a 2-core machine
 
@@ -100,7 +102,8 @@ def test_example_has_a_main_and_a_line_in_the_examples_readme(name: str) -> None
 @pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.py")))
 def test_example_runs(name: str, tmp_path: Path) -> None:
     if name in TWO_RANKS:
-        pytest.importorskip("torchrec", reason=f"examples/{name} needs TorchRec, which cannot be imported here")
+        if name in NEEDS:
+            pytest.importorskip(NEEDS[name], reason=f"examples/{name} needs {NEEDS[name]}, which cannot be imported")
         args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                 "--master_port", str(_free_port()), str(EXAMPLES / name)]
         _check(_run(args, ROOT, TWO_RANKS_TIMEOUT_S), TWO_RANKS[name], count=2)  # one line per rank

@@ -30,7 +30,7 @@ def test_exported_names() -> None:
         assert getattr(swpipeline, name).__module__.startswith("swpipeline.")
 
 
-SUBPACKAGES_WITH_AN_API = {"swpipeline.torchrec", "swpipeline.gpipe", "swpipeline.embcache"}
+SUBPACKAGES_WITH_AN_API = {"swpipeline.torchrec", "swpipeline.gpipe", "swpipeline.embcache", "swpipeline.pp"}
 
 
 def test_internal_modules_export_nothing() -> None:

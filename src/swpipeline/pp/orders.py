@@ -1,0 +1,129 @@
+"""Each built-in schedule's compute actions, per rank: pure functions of the configuration.
+
+Every rank computes every rank's order from ``(ranks, stages per rank, microbatches)``
+alone, so each rank knows the whole pipeline's schedule without asking the others.
+Stage ``s`` lives on rank ``s % ranks`` (looped placement: with ``v`` stages per rank,
+rank ``r`` holds ``r, r + p, ..., r + (v - 1) p``). Every order keeps each stage's
+backward actions in microbatch order, so each parameter's gradient is summed in the
+order a single process sums it: microbatch 0 first.
+
+GPipe and 1F1B, 3 ranks, 4 microbatches (``{stage}F{microbatch}``)::
+
+    GPipe   rank 0:  0F0 0F1 0F2 0F3 0B0 0B1 0B2 0B3
+    1F1B    rank 0:  0F0 0F1 0F2 0B0 0F3 0B1 0B2 0B3        (warm-up: 3 forwards)
+            rank 1:  1F0 1F1 1B0 1F2 1B1 1F3 1B2 1B3        (2)
+            rank 2:  2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3        (1)
+
+Interleaved 1F1B runs the microbatches in groups of about ``p`` (``microbatch_groups``),
+each group through the rank's stages in turn (depth first), with ``(v - 1) g + 2 (p - 1 - r)``
+forwards of warm-up (``g`` the first group's size); the zero-bubble order is the same with a
+warm-up of ``(v - 1) g + (p - 1 - r)``, each backward split in ``I`` then ``W``, and rank
+``r``'s weight gradients held back by ``r`` backwards so that they fill the bubble the drain
+would leave. Groups of unequal size (``n`` not a multiple of ``p``) are allowed: the tests
+prove every order for up to 6 ranks, 4 stages per rank and 16 microbatches.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+from .actions import BWD, FWD, BWD_I, BWD_W, Action, RankOrders
+
+__all__: List[str] = []
+
+
+def stages_of_rank(rank: int, num_ranks: int, num_stages: int) -> List[int]:
+    """The stages rank ``rank`` holds under looped placement, in pipeline order."""
+    return list(range(rank, num_stages, num_ranks))
+
+
+def gpipe(num_ranks: int, n_microbatches: int, backward: bool = True) -> RankOrders:
+    """Every forward, then every backward, in microbatch order (one stage per rank)."""
+    orders: RankOrders = {}
+    for rank in range(num_ranks):
+        actions = [Action(rank, FWD, m) for m in range(n_microbatches)]
+        if backward:
+            actions += [Action(rank, BWD, m) for m in range(n_microbatches)]
+        orders[rank] = actions
+    return orders
+
+
+def one_f_one_b(num_ranks: int, n_microbatches: int, backward: bool = True) -> RankOrders:
+    """Rank ``r`` runs ``min(n, p - r)`` forwards, then alternates one backward and one forward, then drains."""
+    if not backward:
+        return gpipe(num_ranks, n_microbatches, backward=False)
+    orders: RankOrders = {}
+    for rank in range(num_ranks):
+        warmup = min(n_microbatches, num_ranks - rank)
+        actions = [Action(rank, FWD, m) for m in range(warmup)]
+        forward = warmup
+        for m in range(n_microbatches):
+            actions.append(Action(rank, BWD, m))
+            if forward < n_microbatches:
+                actions.append(Action(rank, FWD, forward))
+                forward += 1
+        orders[rank] = actions
+    return orders
+
+
+def microbatch_groups(num_ranks: int, n_microbatches: int) -> List[range]:
+    """The microbatches in ``max(1, n // ranks)`` consecutive groups whose sizes differ by at most one (larger
+    first): groups of ``ranks`` when ``n`` is a multiple of it, one group of all when ``n < 2 * ranks``."""
+    rounds = max(1, n_microbatches // num_ranks)
+    base, extra = divmod(n_microbatches, rounds)
+    groups: List[range] = []
+    start = 0
+    for k in range(rounds):
+        size = base + (1 if k < extra else 0)
+        groups.append(range(start, start + size))
+        start += size
+    return groups
+
+
+def _depth_first(rank: int, num_ranks: int, local_stages: int, groups: List[range], reverse: bool) -> List[Action]:
+    """The rank's (stage, microbatch) pairs, each group of microbatches through the rank's stages in turn (the
+    last stage first when ``reverse``); kind F, the caller changes it."""
+    stages = [rank + k * num_ranks for k in range(local_stages)]
+    if reverse:
+        stages.reverse()
+    return [Action(stage, FWD, m) for group in groups for stage in stages for m in group]
+
+
+def interleaved(num_ranks: int, local_stages: int, n_microbatches: int, backward: bool = True,
+                zero_bubble: bool = False) -> RankOrders:
+    """Interleaved 1F1B (``zero_bubble``: with the backward split in I and W) over looped stage placement."""
+    orders: RankOrders = {}
+    groups = microbatch_groups(num_ranks, n_microbatches)
+    for rank in range(num_ranks):
+        forwards = _depth_first(rank, num_ranks, local_stages, groups, reverse=False)
+        if not backward:
+            orders[rank] = forwards
+            continue
+        backwards = [Action(a.stage, BWD_I if zero_bubble else BWD, a.microbatch)
+                     for a in _depth_first(rank, num_ranks, local_stages, groups, reverse=True)]
+        hops = num_ranks - 1 - rank
+        warmup = min(len(forwards), (local_stages - 1) * len(groups[0]) + (hops if zero_bubble else 2 * hops))
+        actions = forwards[:warmup]
+        pending_weights: List[Action] = []
+        held = rank if zero_bubble else 0  # weight gradients held back to fill the drain's bubble
+        later = forwards[warmup:]
+        for k, back in enumerate(backwards):
+            if k < len(later):
+                actions.append(later[k])
+            actions.append(back)
+            if zero_bubble:
+                pending_weights.append(Action(back.stage, BWD_W, back.microbatch))
+                if len(pending_weights) > held:
+                    actions.append(pending_weights.pop(0))
+        actions += pending_weights
+        orders[rank] = actions
+    return orders
+
+
+def count_by_stage(orders: RankOrders) -> Dict[int, int]:
+    """How many actions each stage has (a helper for the tests and the checks)."""
+    counts: Dict[int, int] = {}
+    for actions in orders.values():
+        for action in actions:
+            counts[action.stage] = counts.get(action.stage, 0) + 1
+    return counts

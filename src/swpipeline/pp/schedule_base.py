@@ -1,0 +1,227 @@
+"""What every schedule does: know every rank's actions, prove them, run this rank's step.
+
+A schedule's constructor computes every rank's compute actions from the configuration
+(``orders.py``), derives the messages (``comms.py``) and the units of every rank
+(``units.py``), and proves them together (``check.prove``) before anything is sent; a
+schedule that could hang is refused there, on every rank alike. ``step()`` splits the
+inputs into microbatches, runs this rank's plan (``runner.py``), then divides the summed
+gradients by ``n_microbatches`` when ``scale_grads``::
+
+    __init__   orders -> derive -> units (all ranks) -> prove -> this rank's plan and engine
+    step()     split -> run the plan (one iteration) -> scale grads -> losses, output
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .actions import Action, RankOrders, format_orders
+from .check import aligned_orders, prove
+from .comms import PipelineWork, Skip, derive
+from .compute import StageOps, StepState
+from .microbatches import merge_outputs, split_args, split_target
+from .planner import StageCosts, costs_from_timelines, simulate_orders
+from .runner import RankRunner
+from .stage import PipelineStage
+from .transport import Transport
+from .units import COMPUTE, RankUnits, units_of_rank
+
+__all__: List[str] = []
+
+OrdersFn = Callable[[int, int, int, bool], RankOrders]  # (ranks, stages per rank, microbatches, backward) -> orders
+DEFAULT_TIMEOUT_S = 300.0
+
+
+class PipelineSchedule:
+    """The part every schedule shares (see the module docstring); the schedules differ only in their orders."""
+
+    def __init__(self, stages: Sequence[PipelineStage], n_microbatches: int, loss_fn: Optional[Callable[..., Any]],
+                 scale_grads: bool, orders: OrdersFn, *, timeout: float = DEFAULT_TIMEOUT_S,
+                 skips: Sequence[Skip] = ()) -> None:
+        self._stages = _check_stages(stages, type(self).__name__)
+        if isinstance(n_microbatches, bool) or not isinstance(n_microbatches, int) or n_microbatches < 1:
+            raise ValueError(f"{type(self).__name__}: n_microbatches must be an int >= 1, got {n_microbatches!r}")
+        if loss_fn is not None and not callable(loss_fn):
+            raise TypeError(f"{type(self).__name__}: loss_fn must be callable as loss_fn(output, target), got "
+                            f"{type(loss_fn).__name__}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+            raise ValueError(f"{type(self).__name__}: timeout must be a finite number of seconds > 0, got {timeout!r}")
+        first = self._stages[0]
+        self._n_microbatches = n_microbatches
+        self._loss_fn = loss_fn
+        self.scale_grads = bool(scale_grads)
+        self._timeout = float(timeout)
+        self._orders_fn = orders
+        self._skips = tuple(skips)
+        self.num_ranks, self.num_stages, self.rank = first.group_size, first.num_stages, first.group_rank
+        self._has_first = any(s.is_first for s in self._stages)
+        self._has_last = any(s.is_last for s in self._stages)
+        device = first.device if dist.get_backend(first.group) == "nccl" else torch.device("cpu")
+        self._transport = Transport(first.group, self.rank, device, self._timeout)
+        self._built: Dict[bool, Tuple[PipelineWork, Dict[int, RankUnits]]] = {}
+        self._runners: Dict[bool, RankRunner] = {}
+        self._work(loss_fn is not None)  # proved now, before any rank sends anything
+        self.pipeline_order: Dict[int, List[Optional[Action]]] = aligned_orders(self._work(loss_fn is not None)[1],
+                                                                                 COMPUTE)
+
+    # -- every rank's schedule --------------------------------------------------------------------
+
+    def _work(self, backward: bool) -> Tuple[PipelineWork, Dict[int, RankUnits]]:
+        if backward not in self._built:
+            local = self.num_stages // self.num_ranks
+            orders = self._orders_fn(self.num_ranks, local, self._n_microbatches, backward)
+            work = derive(orders, self.num_ranks, self.num_stages, self._n_microbatches, backward, self._skips)
+            units = {rank: units_of_rank(work, rank) for rank in range(self.num_ranks)}
+            prove(units)
+            self._built[backward] = (work, units)
+        return self._built[backward]
+
+    def format_schedule(self) -> str:
+        """Every rank's compute actions side by side: a column per rank, a row per tick of one action each."""
+        ticks = max(len(row) for row in self.pipeline_order.values())
+        busy = sum(1 for row in self.pipeline_order.values() for a in row if a is not None)
+        idle = 1 - busy / (ticks * self.num_ranks) if ticks else 0.0
+        title = (f"{type(self).__name__}: {self.num_ranks} ranks, {self.num_stages} stages, "
+                 f"{self._n_microbatches} microbatches; {ticks} ticks, {idle:.0%} idle (one tick per action)")
+        return format_orders(self.pipeline_order, title)
+
+    def print_schedule(self) -> None:
+        """Print ``format_schedule()``."""
+        print(self.format_schedule())
+
+    # -- a step -----------------------------------------------------------------------------------
+
+    def step(self, *args: Any, target: Any = None, losses: Optional[List[Any]] = None, return_outputs: bool = True,
+             **kwargs: Any) -> Any:
+        """Run one step of the whole batch, split into ``n_microbatches`` microbatches along dimension 0.
+
+        Call it on every rank: the rank holding stage 0 with the input, the rank holding the last
+        stage with ``target=`` (when there is a ``loss_fn``), the others with neither.
+
+        Args:
+            args, kwargs: the model's inputs; positional ones go to stage 0, keyword ones to every stage
+                of this rank (tensors split along dimension 0, anything else given to every microbatch).
+            target: the last stage's target, split like the inputs.
+            losses: a list to fill with each microbatch's loss (on the rank of the last stage).
+            return_outputs: whether the rank of the last stage returns the joined output.
+
+        Returns:
+            On the rank of the last stage, the outputs of every microbatch joined along dimension 0;
+            elsewhere None.
+
+        Raises:
+            RuntimeError: gradients are disabled (use ``eval()``), or an earlier step failed.
+            PipelineRankError: another rank failed (its rank, stage, microbatch and error are named).
+            RankTimeoutError: a rank sent nothing for ``timeout`` seconds.
+            Exception: what this rank's stage raised, with a note naming the action.
+        """
+        backward = self._loss_fn is not None
+        if backward and not torch.is_grad_enabled():
+            raise RuntimeError("step() needs gradients enabled to run the backward; it was called under "
+                               "torch.no_grad(): call eval() for a forward-only step")
+        return self._step(backward, args, kwargs, target, losses, return_outputs)
+
+    def eval(self, *args: Any, target: Any = None, losses: Optional[List[Any]] = None, **kwargs: Any) -> Any:
+        """A forward-only step (the same arguments as ``step``); losses are computed when ``target`` is given."""
+        return self._step(False, args, kwargs, target, losses, True)
+
+    def measure(self, *args: Any, target: Any = None, steps: int = 1, **kwargs: Any) -> StageCosts:
+        """Run ``steps`` training steps like ``step()`` (their gradients add up as steps' do) with their timelines
+        recorded, and return what every stage's forward and backward of one microbatch took: the costs that
+        ``swpipeline.pp.simulate`` and ``autoplan`` take. Call it on every rank, like ``step()``.
+
+        The costs are medians over the steps; ``message_ms`` is what taking a received message costs plus a
+        message's way between two ranks (ranks 0 and 1 time it); ``step_ms`` is what a step took beyond its
+        actions on paper.
+        """
+        durations: Dict[str, List[float]] = {}
+        walls: List[float] = []
+        for _ in range(max(int(steps), 1)):
+            start = time.perf_counter()
+            self._step(True, args, kwargs, target, None, False, trace=True)
+            walls.append((time.perf_counter() - start) * 1e3)
+            for name, values in self._runner(True).durations().items():
+                durations.setdefault(name, []).extend(values)
+        latency = 0.0  # a message's way from one rank to the next: ranks 0 and 1 time it for everyone
+        if self.num_ranks > 1 and self.rank < 2:
+            latency = self._transport.one_way_ms(1 - self.rank)
+        mine = (durations, sorted(walls)[len(walls) // 2], args[0].shape[0] if self._has_first and args else 0,
+                latency)
+        gathered: List[Any] = [None] * self.num_ranks
+        dist.all_gather_object(gathered, mine, group=self._stages[0].group)
+        batch = max(g[2] for g in gathered)
+        costs = costs_from_timelines([g[0] for g in gathered], self.num_stages, max(batch // self._n_microbatches, 1),
+                                     0.0)
+        costs = dataclasses.replace(costs, message_ms=costs.message_ms + max(g[3] for g in gathered))
+        orders = self._orders_fn(self.num_ranks, self.num_stages // self.num_ranks, self._n_microbatches, True)
+        on_paper = simulate_orders(orders, self.num_ranks, self._n_microbatches, batch, costs, self._skips)
+        return dataclasses.replace(costs, step_ms=max(max(g[1] for g in gathered) - on_paper, 0.0))
+
+    def _step(self, backward: bool, args: Tuple[Any, ...], kwargs: Dict[str, Any], target: Any,
+              losses: Optional[List[Any]], return_outputs: bool, trace: bool = False) -> Any:
+        n = self._n_microbatches
+        if self._has_first and not args:
+            raise ValueError(f"step(): rank {self.rank} holds stage 0, which takes the model's input; pass it: "
+                             f"step(x, ...)")
+        if backward and self._has_last and target is None:
+            raise ValueError(f"step(): rank {self.rank} holds the last stage, which computes loss_fn(output, target); "
+                             f"pass target=")
+        if losses is not None and not isinstance(losses, list):
+            raise TypeError(f"step(): losses must be a list to fill, got {type(losses).__name__}")
+        arg_mbs, kwarg_mbs = split_args(args if self._has_first else (), kwargs, n)
+        targets = split_target(target, n) if self._has_last else None
+        state = StepState(arg_mbs, kwarg_mbs, targets)
+        self._runner(backward).run(state, trace)
+        if backward and self.scale_grads and n != 1:
+            for stage in self._stages:
+                for param in stage.submod.parameters():
+                    if param.grad is not None:
+                        param.grad.div_(n)
+        if self._has_last and losses is not None and state.losses:
+            losses.clear()
+            losses.extend(state.losses[m] for m in range(n))
+        if self._has_last and return_outputs:
+            return merge_outputs([state.results[m] for m in range(n)])
+        return None
+
+    def _runner(self, backward: bool) -> RankRunner:
+        if backward not in self._runners:
+            work, units = self._work(backward)
+            sources = {s: [s - 1] + sorted(a for a, b in self._skips if b == s) for s in range(1, self.num_stages)}
+            consumers = {s: ([s + 1] if s + 1 < self.num_stages else []) + sorted(b for a, b in self._skips if a == s)
+                         for s in range(self.num_stages)}
+            ops = StageOps(self._stages, self._loss_fn, sources, consumers, backward)
+            self._runners[backward] = RankRunner(work, units[self.rank], self.rank, ops, self._transport,
+                                                 self._stages[0].device, self._timeout)
+        return self._runners[backward]
+
+
+def _check_stages(stages: Sequence[PipelineStage], who: str) -> List[PipelineStage]:
+    """This rank's stages, in pipeline order, all of one pipeline."""
+    found = list(stages)
+    if not found:
+        raise ValueError(f"{who}: no stages given; pass this rank's PipelineStage(s)")
+    for stage in found:
+        if not isinstance(stage, PipelineStage):
+            raise TypeError(f"{who}: stages must be swpipeline.pp.PipelineStage objects, got {type(stage).__name__} "
+                            f"(a torch.distributed.pipelining stage cannot run here: build it from swpipeline.pp)")
+    first = found[0]
+    for stage in found[1:]:
+        if (stage.num_stages, stage.group_size, stage.group) != (first.num_stages, first.group_size, first.group):
+            raise ValueError(f"{who}: the stages belong to different pipelines ({first!r} and {stage!r}); give the "
+                             f"stages of one pipeline, with the same num_stages and group")
+    found.sort(key=lambda s: s.stage_index)
+    indices = [s.stage_index for s in found]
+    if len(set(indices)) != len(indices):
+        raise ValueError(f"{who}: stage indices {indices} repeat; give each stage once")
+    expected = list(range(first.group_rank, first.num_stages, first.group_size))
+    if indices != expected:
+        raise ValueError(f"{who}: rank {first.group_rank} holds the stages {expected} (stage s on rank s % "
+                         f"{first.group_size}) but was given {indices}: build every one of them on this rank")
+    return found

@@ -1,0 +1,172 @@
+"""The schedules, under torch.distributed.pipelining's names and constructor arguments.
+
+Each one is ``PipelineSchedule`` with its own action orders (``orders.py``)::
+
+    ScheduleGPipe(stage, n_microbatches, loss_fn=None, ..., scale_grads=True)
+    Schedule1F1B(stage, n_microbatches, loss_fn=None, ..., scale_grads=True)
+    ScheduleInterleaved1F1B(stages, n_microbatches, loss_fn=None, ..., scale_grads=True)
+    ScheduleInterleavedZeroBubble(stages, n_microbatches, loss_fn=None, ..., scale_grads=True)
+    ScheduleFromActions(stages, n_microbatches, actions, loss_fn=None, scale_grads=True)
+
+Every schedule also takes, keyword only, ``timeout=`` (seconds to wait for a rank to start
+its step before failing, naming it; twice that for a later message; default 300) and
+``skips=`` (skip connections: ``(from stage, to stage)`` pairs at least two stages apart; the
+later stage's forward takes the previous stage's output, then each skip source's, in stage
+order).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Union
+
+from . import orders
+from .actions import FWD, ActionLike, RankOrders, parse_orders
+from .comms import Skip
+from .schedule_base import DEFAULT_TIMEOUT_S, PipelineSchedule
+from .stage import PipelineStage
+
+__all__: List[str] = []
+
+LossFn = Optional[Callable[..., Any]]
+
+
+def _check_specs(who: str, **specs: Any) -> None:
+    """Chunk and merge specs: only the default (split and join along dimension 0) is supported."""
+    for name, spec in specs.items():
+        if spec is None:
+            continue
+        dims = [getattr(s, "split_dim", None) for s in (spec.values() if isinstance(spec, Mapping) else
+                                                        spec if isinstance(spec, (tuple, list)) else [spec])]
+        if any(d != 0 for d in dims):
+            raise ValueError(f"{who}: {name}={spec!r} is not supported: inputs are split, and outputs joined, "
+                             f"along dimension 0; leave {name} as None")
+
+
+class PipelineScheduleSingle(PipelineSchedule):
+    """A schedule with one stage per rank (``num_stages`` equal to the number of ranks)."""
+
+    def __init__(self, stage: PipelineStage, n_microbatches: int, loss_fn: LossFn = None,
+                 args_chunk_spec: Any = None, kwargs_chunk_spec: Any = None, output_merge_spec: Any = None,
+                 scale_grads: bool = True, *, timeout: float = DEFAULT_TIMEOUT_S, skips: Iterable[Skip] = ()) -> None:
+        who = type(self).__name__
+        _check_specs(who, args_chunk_spec=args_chunk_spec, kwargs_chunk_spec=kwargs_chunk_spec,
+                     output_merge_spec=output_merge_spec)
+        if not isinstance(stage, PipelineStage):
+            raise TypeError(f"{who}: stage must be a swpipeline.pp.PipelineStage, got {type(stage).__name__}")
+        if stage.num_stages != stage.group_size:
+            raise ValueError(f"{who} runs one stage per rank, but the pipeline has {stage.num_stages} stages on "
+                             f"{stage.group_size} ranks: use ScheduleInterleaved1F1B for several stages per rank")
+        super().__init__([stage], n_microbatches, loss_fn, scale_grads, self._orders, timeout=timeout,
+                         skips=_check_skips(who, skips, [stage]))
+
+    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
+        raise NotImplementedError
+
+
+class ScheduleGPipe(PipelineScheduleSingle):
+    """GPipe: every microbatch's forward, then every backward (fill and drain)."""
+
+    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
+        return orders.gpipe(ranks, n, backward)
+
+
+class Schedule1F1B(PipelineScheduleSingle):
+    """1F1B: after a warm-up of forwards, one backward and one forward in turn, so fewer activations live at once.
+
+    Unlike torch.distributed.pipelining's, it runs with fewer microbatches than stages too.
+    """
+
+    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
+        return orders.one_f_one_b(ranks, n, backward)
+
+
+class PipelineScheduleMulti(PipelineSchedule):
+    """A schedule with several stages per rank, placed in a loop (stage ``s`` on rank ``s % ranks``).
+
+    ``backward_requires_autograd`` and ``defer_pp_recv`` are accepted for torch's sake and change
+    nothing: the backward always runs autograd, and receives wait on threads of their own, never
+    in front of the compute that does not need them.
+    """
+
+    def __init__(self, stages: Sequence[PipelineStage], n_microbatches: int, loss_fn: LossFn = None,
+                 args_chunk_spec: Any = None, kwargs_chunk_spec: Any = None, output_merge_spec: Any = None,
+                 scale_grads: bool = True, backward_requires_autograd: bool = True, defer_pp_recv: bool = False, *,
+                 timeout: float = DEFAULT_TIMEOUT_S, skips: Iterable[Skip] = ()) -> None:
+        who = type(self).__name__
+        _check_specs(who, args_chunk_spec=args_chunk_spec, kwargs_chunk_spec=kwargs_chunk_spec,
+                     output_merge_spec=output_merge_spec)
+        if isinstance(stages, PipelineStage):
+            stages = [stages]
+        stages = list(stages)
+        if stages and isinstance(stages[0], PipelineStage) and stages[0].num_stages % stages[0].group_size:
+            raise ValueError(f"{who}: {stages[0].num_stages} stages do not divide evenly over "
+                             f"{stages[0].group_size} ranks; give every rank the same number of stages")
+        super().__init__(stages, n_microbatches, loss_fn, scale_grads, self._orders, timeout=timeout,
+                         skips=_check_skips(who, skips, stages))
+
+    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
+        raise NotImplementedError
+
+
+class ScheduleInterleaved1F1B(PipelineScheduleMulti):
+    """Interleaved 1F1B: several stages per rank, microbatches through them in groups of ``ranks`` (depth first)."""
+
+    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
+        return orders.interleaved(ranks, local, n, backward)
+
+
+class ScheduleInterleavedZeroBubble(PipelineScheduleMulti):
+    """Interleaved zero bubble: the backward split into the inputs' gradients (I) and the weights' (W), the W's
+    held back to fill the bubble at the end of the step."""
+
+    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
+        return orders.interleaved(ranks, local, n, backward, zero_bubble=True)
+
+
+class ScheduleFromActions(PipelineScheduleMulti):
+    """A schedule written as data: every rank's compute actions, checked before anything runs.
+
+    ::
+
+        ScheduleFromActions(stages, 2, {0: "0F0 0F1 0B0 0B1", 1: "1F0 1B0 1F1 1B1"}, loss_fn=loss)
+
+    Args:
+        stages: this rank's stages.
+        n_microbatches: microbatches per step.
+        actions: per rank, its compute actions in order (``Action`` objects or strings such as
+            ``"1F3"``; a list, or one string with spaces between them; ``None`` entries are ignored).
+            The sends and receives are derived from them.
+        loss_fn, scale_grads, timeout, skips: as for the other schedules.
+
+    Raises:
+        ValueError: an action missing, repeated or on the wrong rank.
+        ScheduleHangError: the actions would hang; it names the ranks, microbatches and actions
+            that wait for each other.
+    """
+
+    def __init__(self, stages: Sequence[PipelineStage], n_microbatches: int,
+                 actions: Mapping[int, Union[str, Sequence[Optional[ActionLike]]]], loss_fn: LossFn = None,
+                 scale_grads: bool = True, *, timeout: float = DEFAULT_TIMEOUT_S, skips: Iterable[Skip] = ()) -> None:
+        self._given = parse_orders(actions)
+        super().__init__(stages, n_microbatches, loss_fn, scale_grads=scale_grads, timeout=timeout, skips=skips)
+
+    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
+        if backward:
+            return {rank: list(actions) for rank, actions in self._given.items()}
+        return {rank: [a for a in actions if a.kind is FWD] for rank, actions in self._given.items()}
+
+
+def _check_skips(who: str, skips: Iterable[Skip], stages: Sequence[Any]) -> List[Skip]:
+    """Skip connections as (earlier stage, later stage) pairs, at least two stages apart."""
+    found: List[Skip] = []
+    for pair in skips:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(s, int) for s in pair)):
+            raise TypeError(f"{who}: skips are (from stage, to stage) pairs of ints, got {pair!r}")
+        a, b = pair
+        total = stages[0].num_stages if stages and isinstance(stages[0], PipelineStage) else b + 1
+        if not 0 <= a < b - 1 < total - 1:
+            raise ValueError(f"{who}: skip {pair} must go from a stage to a later one at least two stages on, both "
+                             f"in 0..{total - 1} (the next stage gets the output anyway)")
+        if pair not in found:
+            found.append(pair)
+    return found

@@ -1,0 +1,83 @@
+"""``PipelineStage``: one stage of the model, on the rank that runs it."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__: List[str] = []
+
+
+class PipelineStage:
+    """One stage of a pipeline: a submodule, its place in the pipeline, and where it runs.
+
+    The same constructor as ``torch.distributed.pipelining.PipelineStage``. Shapes need not
+    be given: each message carries its tensors' shapes, so ``input_args``, ``output_args``,
+    ``output_grads`` and ``input_grads`` are accepted and not needed.
+
+    Args:
+        submodule: the layers of this stage; its forward takes what the previous stage's
+            forward returned (a tensor or a tuple of tensors) and returns the same kind of value.
+        stage_index: this stage's place, from 0.
+        num_stages: how many stages the pipeline has (on all ranks together).
+        device: where the submodule and its inputs live.
+        group: the process group of the pipeline's ranks (None: the default group). Stage
+            ``s`` runs on the rank ``s % group size`` of the group.
+        dw_builder: not supported (the weight gradients of a split backward are computed by
+            autograd); must be None. ``get_mesh`` (DTensor metadata) is accepted and not used.
+
+    Raises:
+        TypeError: ``submodule`` is not an ``nn.Module``.
+        ValueError: ``stage_index`` out of range, more ranks than stages, or the stage on a rank
+            other than ``stage_index % group size``.
+        RuntimeError: ``torch.distributed`` is not initialized.
+    """
+
+    def __init__(self, submodule: nn.Module, stage_index: int, num_stages: int, device: Any,
+                 input_args: Any = None, output_args: Any = None, output_grads: Any = None, input_grads: Any = None,
+                 group: Optional[Any] = None, dw_builder: Optional[Callable[[], Callable[..., None]]] = None,
+                 get_mesh: Any = None) -> None:
+        if not isinstance(submodule, nn.Module):
+            raise TypeError(f"PipelineStage: submodule must be an nn.Module, got {type(submodule).__name__}")
+        for name, value in (("stage_index", stage_index), ("num_stages", num_stages)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"PipelineStage: {name} must be an int, got {value!r}")
+        if not 0 <= stage_index < num_stages:
+            raise ValueError(f"PipelineStage: stage_index {stage_index} is out of range for num_stages={num_stages} "
+                             f"(stages count from 0)")
+        if dw_builder is not None:
+            raise ValueError("PipelineStage: dw_builder is not supported: the weight gradients of a split backward "
+                             "(I, W) are computed by autograd; pass dw_builder=None")
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("PipelineStage: torch.distributed is not initialized; call "
+                               "torch.distributed.init_process_group() first (torchrun sets up what it needs)")
+        self.submod = submodule
+        self.stage_index = stage_index
+        self.num_stages = num_stages
+        self.device = torch.device(device)
+        self.group = group
+        self.group_rank = dist.get_rank(group)
+        self.group_size = dist.get_world_size(group)
+        if self.group_size > num_stages:
+            raise ValueError(f"PipelineStage: the process group has {self.group_size} ranks but the pipeline only "
+                             f"{num_stages} stages; every rank needs at least one stage")
+        if stage_index % self.group_size != self.group_rank:
+            raise ValueError(f"PipelineStage: stage {stage_index} lives on rank {stage_index % self.group_size} "
+                             f"(stage s on rank s % {self.group_size}), but this is rank {self.group_rank}: build "
+                             f"stage {stage_index} there, and here the stages {self.group_rank}, "
+                             f"{self.group_rank + self.group_size}, ...")
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage_index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage_index == self.num_stages - 1
+
+    def __repr__(self) -> str:
+        return (f"PipelineStage(stage {self.stage_index} of {self.num_stages}, rank {self.group_rank} of "
+                f"{self.group_size}, device {self.device})")

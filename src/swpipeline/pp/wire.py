@@ -1,0 +1,139 @@
+"""How a message looks on the wire: one byte buffer, a header and the tensors packed after it.
+
+A message is a tuple of tensors (``None`` allowed: a gradient that does not exist). It
+travels as one ``uint8`` buffer: a header of ``HEADER_LEN`` int64 values, then each tensor's
+bytes at an offset aligned to ``ALIGN``, so the receiver's tensors are views of the buffer
+(no copy). The header says what the buffer holds::
+
+    [DATA, count, dtype, ndim, d0, d1, ..., dtype, ndim, ...]   count tensors (dtype -1: None)
+    [FAILED, n]                                                 a failure, its n bytes of JSON follow
+    [CHANGED]                                                   a filler: the real message is announced
+    [HELLO] / [DONE]                                            the sender's step starts / is over
+
+A message's *layout* (each tensor's dtype and shape) decides its size. Both ends remember
+the layout of each message of the last step, so a receiver posts a buffer of the right
+size before the message arrives and the data lands directly in it (``transport.py``).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+__all__: List[str] = []
+
+HEADER_LEN = 64
+HEADER_BYTES = HEADER_LEN * 8
+ALIGN = 64
+DATA, FAILED, DONE, HELLO, CHANGED = 0, 1, 2, 3, 4
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+          torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
+NO_TENSOR = -1
+MAX_TENSORS = 15
+
+Payload = Tuple[Optional[torch.Tensor], ...]
+Layout = Tuple[Optional[Tuple[int, Tuple[int, ...]]], ...]  # per tensor: (dtype code, shape), or None
+
+
+def layout_of(tensors: Payload) -> Layout:
+    """Each tensor's dtype code and shape (None for a missing one)."""
+    found: List[Optional[Tuple[int, Tuple[int, ...]]]] = []
+    for t in tensors:
+        if t is None:
+            found.append(None)
+            continue
+        if t.dtype not in DTYPES:
+            raise TypeError(f"cannot send a tensor of dtype {t.dtype} between stages; send one of "
+                            f"{', '.join(str(d) for d in DTYPES)}")
+        found.append((DTYPES.index(t.dtype), tuple(t.shape)))
+    layout = tuple(found)
+    values = 2 + sum(2 + (len(e[1]) if e is not None else 0) for e in layout)
+    if len(layout) > MAX_TENSORS or values > HEADER_LEN:
+        raise ValueError(f"a stage's output of {len(layout)} tensors with shapes "
+                         f"{[None if t is None else tuple(t.shape) for t in tensors]} does not fit one message (at "
+                         f"most {MAX_TENSORS} tensors and {HEADER_LEN} header values): return fewer, flatter tensors")
+    return layout
+
+
+def _offsets(layout: Layout) -> Tuple[List[int], int]:
+    """Where each tensor starts in the buffer, and the buffer's size."""
+    at = HEADER_BYTES
+    starts: List[int] = []
+    for entry in layout:
+        starts.append(at)
+        if entry is not None:
+            code, shape = entry
+            count = 1
+            for d in shape:
+                count *= d
+            nbytes = count * torch.empty((), dtype=DTYPES[code]).element_size()
+            at += (nbytes + ALIGN - 1) // ALIGN * ALIGN
+    return starts, at
+
+
+def packed_size(layout: Layout) -> int:
+    return _offsets(layout)[1]
+
+
+def header_values(layout: Layout) -> List[int]:
+    values = [DATA, len(layout)]
+    for entry in layout:
+        values += [NO_TENSOR, 0] if entry is None else [entry[0], len(entry[1]), *entry[1]]
+    return values
+
+
+def marker(status: int, extra: Sequence[int] = (), size: int = HEADER_BYTES) -> torch.Tensor:
+    """A buffer of ``size`` bytes holding only a header: ``[status, *extra]``."""
+    buffer = torch.zeros(size, dtype=torch.uint8)
+    head = buffer[:HEADER_BYTES].view(torch.int64)
+    head[0] = status
+    for k, value in enumerate(extra, start=1):
+        head[k] = value
+    return buffer
+
+
+def pack(tensors: Payload, layout: Layout, device: torch.device) -> torch.Tensor:
+    """The message's buffer: its header, then each tensor's bytes."""
+    starts, size = _offsets(layout)
+    buffer = torch.empty(size, dtype=torch.uint8, device=device)
+    values = header_values(layout)
+    buffer[:HEADER_BYTES].view(torch.int64).copy_(torch.tensor(values + [0] * (HEADER_LEN - len(values))))
+    for t, start, entry in zip(tensors, starts, layout):
+        if t is not None and entry is not None:
+            buffer[start:start + t.numel() * t.element_size()].view(t.dtype).view(t.shape).copy_(t.detach())
+    return buffer
+
+
+def unpack(buffer: torch.Tensor, layout: Layout) -> Payload:
+    """The message's tensors: views of ``buffer``."""
+    starts, _ = _offsets(layout)
+    out: List[Optional[torch.Tensor]] = []
+    for start, entry in zip(starts, layout):
+        if entry is None:
+            out.append(None)
+            continue
+        code, shape = entry
+        dtype = DTYPES[code]
+        count = 1
+        for d in shape:
+            count *= d
+        nbytes = count * torch.empty((), dtype=dtype).element_size()
+        out.append(buffer[start:start + nbytes].view(dtype).view(shape))
+    return tuple(out)
+
+
+def read_header(buffer: torch.Tensor) -> List[int]:
+    """The header's values (on the CPU)."""
+    return [int(v) for v in buffer[:HEADER_BYTES].view(torch.int64).cpu().tolist()]
+
+
+def layout_from(values: Sequence[int]) -> Layout:
+    """The layout a DATA header describes."""
+    found: List[Optional[Tuple[int, Tuple[int, ...]]]] = []
+    at = 2
+    for _ in range(values[1]):
+        code, ndim = values[at], values[at + 1]
+        found.append(None if code == NO_TENSOR else (code, tuple(values[at + 2:at + 2 + ndim])))
+        at += 2 + ndim
+    return tuple(found)

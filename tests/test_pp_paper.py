@@ -1,0 +1,174 @@
+"""swpipeline.pp's schedules as data, checked on paper: no process group, no threads.
+
+Actions and their string form, each built-in schedule's orders, the messages derived
+from them, and the cross-rank proof: every built-in order proved over a range of ranks,
+stages and microbatches, and a crossed custom order refused with the ranks, microbatches
+and actions of its cycle.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+import pytest
+
+from swpipeline.pp import Action, Kind, ScheduleHangError
+from swpipeline.pp import check, comms, orders, units
+from swpipeline.pp.actions import RankOrders, format_orders, parse_orders
+
+
+def _units(o: RankOrders, ranks: int, stages: int, n: int, backward: bool = True) -> Dict[int, units.RankUnits]:
+    work = comms.derive(o, ranks, stages, n, backward)
+    return {r: units.units_of_rank(work, r) for r in range(ranks)}
+
+
+def _text(o: RankOrders) -> Dict[int, str]:
+    return {rank: " ".join(map(str, actions)) for rank, actions in o.items()}
+
+
+# -- actions ----------------------------------------------------------------------------------------
+
+def test_action_string_form_parses_back() -> None:
+    assert str(Action(1, Kind.FORWARD, 3)) == "1F3"
+    assert Action.parse("12SEND_F7") == Action(12, Kind.SEND_F, 7)
+    for kind in Kind:
+        action = Action(4, kind, 11)
+        assert Action.parse(str(action)) == action
+    assert repr(Action.parse(" 0W2 ")) == "Action('0W2')"
+
+
+@pytest.mark.parametrize("text", ["F3", "1X3", "1F", "1 F3", "-1F3"])
+def test_unreadable_actions_are_refused_with_the_form(text: str) -> None:
+    with pytest.raises(ValueError, match=r"write <stage><kind><microbatch>, e\.g\. '1F3'"):
+        Action.parse(text)
+
+
+def test_parse_orders_reads_strings_lists_and_skips_idle_steps() -> None:
+    parsed = parse_orders({0: "0F0 0B0", 1: ["1F0", None, Action(1, Kind.BACKWARD, 0)]})
+    assert _text(parsed) == {0: "0F0 0B0", 1: "1F0 1B0"}
+    with pytest.raises(ValueError, match=r"actions\[1\]\[0\]: cannot read the action '1Z0'"):
+        parse_orders({1: ["1Z0"]})
+    with pytest.raises(TypeError, match="keys are ranks"):
+        parse_orders({"0": ["0F0"]})
+
+
+# -- the built-in orders ----------------------------------------------------------------------------
+
+def test_gpipe_and_1f1b_orders() -> None:
+    assert _text(orders.gpipe(2, 3)) == {0: "0F0 0F1 0F2 0B0 0B1 0B2", 1: "1F0 1F1 1F2 1B0 1B1 1B2"}
+    assert _text(orders.one_f_one_b(3, 4)) == {0: "0F0 0F1 0F2 0B0 0F3 0B1 0B2 0B3",
+                                               1: "1F0 1F1 1B0 1F2 1B1 1F3 1B2 1B3",
+                                               2: "2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3"}
+    # fewer microbatches than stages: the warm-up is every microbatch
+    assert _text(orders.one_f_one_b(4, 2)) == {0: "0F0 0F1 0B0 0B1", 1: "1F0 1F1 1B0 1B1",
+                                               2: "2F0 2F1 2B0 2B1", 3: "3F0 3B0 3F1 3B1"}
+    assert _text(orders.one_f_one_b(2, 2, backward=False)) == {0: "0F0 0F1", 1: "1F0 1F1"}
+
+
+def test_interleaved_orders_run_groups_of_microbatches_through_each_stage() -> None:
+    assert _text(orders.interleaved(2, 2, 4)) == {0: "0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 "
+                                                     "0B2 0B3",
+                                                  1: "1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 "
+                                                     "1B2 1B3"}
+    zero_bubble = orders.interleaved(2, 2, 4, zero_bubble=True)
+    # rank 1 holds its weight gradients back by one backward; rank 0 runs each right after its I
+    assert _text(zero_bubble)[1] == "1F0 1F1 3F0 3I0 3F1 3I1 3W0 1F2 1I0 3W1 1F3 1I1 1W0 3F2 3I2 1W1 3F3 3I3 3W2 1I2 " \
+                                    "3W3 1I3 1W2 1W3"
+    assert _text(zero_bubble)[0].startswith("0F0 0F1 2F0 2F1 2I0 2W0 0F2 2I1 2W1 ")
+    assert orders.microbatch_groups(4, 10) == [range(0, 5), range(5, 10)]
+    assert orders.microbatch_groups(4, 3) == [range(0, 3)]
+    assert orders.microbatch_groups(2, 7) == [range(0, 3), range(3, 5), range(5, 7)]
+
+
+def _all_orders() -> List[tuple]:
+    found = []
+    for ranks in (1, 2, 3, 4):
+        for n in range(1, 13):
+            found.append(("gpipe", ranks, 1, n, orders.gpipe(ranks, n)))
+            found.append(("1f1b", ranks, 1, n, orders.one_f_one_b(ranks, n)))
+            for local in (1, 2, 3):
+                found.append(("interleaved", ranks, local, n, orders.interleaved(ranks, local, n)))
+                found.append(("zero bubble", ranks, local, n, orders.interleaved(ranks, local, n, zero_bubble=True)))
+    return found
+
+
+def test_every_built_in_order_is_proved_and_keeps_each_stage_s_backwards_in_microbatch_order() -> None:
+    for name, ranks, local, n, o in _all_orders():
+        check.prove(_units(o, ranks, ranks * local, n))  # raises if it could hang
+        for actions in o.values():
+            for kinds in ("B", "I", "W"):  # gradients summed in microbatch order: the bits of one process
+                per_stage: Dict[int, List[int]] = {}
+                for a in actions:
+                    if a.kind.value == kinds:
+                        per_stage.setdefault(a.stage, []).append(a.microbatch)
+                assert all(ms == sorted(ms) for ms in per_stage.values()), (name, ranks, local, n)
+
+
+def test_side_by_side_on_paper() -> None:
+    aligned = check.aligned_orders(_units(orders.one_f_one_b(3, 4), 3, 3, 4), units.COMPUTE)
+    assert format_orders(aligned) == "\n".join([
+        "         rank 0  rank 1  rank 2",
+        "step  0: 0F0",
+        "step  1: 0F1     1F0",
+        "step  2: 0F2     1F1     2F0",
+        "step  3:                 2B0",
+        "step  4:         1B0     2F1",
+        "step  5: 0B0     1F2     2B1",
+        "step  6: 0F3     1B1     2F2",
+        "step  7: 0B1     1F3     2B2",
+        "step  8:         1B2     2F3",
+        "step  9: 0B2             2B3",
+        "step 10:         1B3",
+        "step 11: 0B3"])
+
+
+# -- messages -------------------------------------------------------------------------------------
+
+def test_messages_follow_the_producer_s_order_on_both_ends() -> None:
+    work = comms.derive(orders.interleaved(2, 2, 2), 2, 4, 2, True)
+    sent = [m.send_name for m in work.ranks[0].sends[1]]
+    assert sent == ["0SEND_F0", "0SEND_F1", "2SEND_F0", "2SEND_F1", "2SEND_B0", "2SEND_B1"]
+    assert [m.send_name for m in work.ranks[1].recvs[0]] == sent
+    assert [m.recv_name for m in work.ranks[1].recvs[0]] == ["1RECV_F0", "1RECV_F1", "3RECV_F0", "3RECV_F1",
+                                                            "1RECV_B0", "1RECV_B1"]
+    one = comms.derive(orders.interleaved(1, 2, 1), 1, 2, 1, True)  # both stages on one rank: in memory
+    assert not one.ranks[0].sends and [str(m.producer) for m in one.ranks[0].local] == ["0F0", "1B0"]
+
+
+@pytest.mark.parametrize("given, error", [
+    ({0: "0F0 0B0", 1: "1F0"}, r"rank 1 never runs 1B0 \(stage 1, microbatch 0\).*add 1B0 to rank 1's list"),
+    ({0: "0F0 0F0 0B0", 1: "1F0 1B0"}, r"rank 0 runs 0F0 twice \(steps 0 and 1\)"),
+    ({0: "0F0 0B0 1F0", 1: "1B0"}, r"rank 0, step 2: 1F0 belongs to stage 1, which lives on rank 1"),
+    ({0: "0B0 0F0", 1: "1F0 1B0"}, r"rank 0 runs 0B0 \(step 0\) before 0F0; a backward needs its forward"),
+    ({0: "0F0 0W0 0I0", 1: "1F0 1B0"}, r"runs 0W0 \(step 1\) before 0I0"),
+    ({0: "0F0 0B0 0F2", 1: "1F0 1B0"}, r"names microbatch 2; the microbatches are 0\.\.0"),
+    ({0: "0F0 0SEND_F0 0B0", 1: "1F0 1B0"}, r"0SEND_F0 is a communication action; list only compute actions"),
+])
+def test_incomplete_actions_are_refused_naming_rank_stage_and_microbatch(given: Dict[int, str], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        comms.derive(parse_orders(given), 2, 2, 1, True)
+
+
+# -- the proof ------------------------------------------------------------------------------------
+
+def test_a_crossed_order_is_refused_naming_ranks_microbatches_and_actions() -> None:
+    crossed = parse_orders({0: "0F0 0B0 0F1 0B1", 1: "1F0 1F1 1B0 1B1"})
+    with pytest.raises(ScheduleHangError) as caught:
+        check.prove(_units(crossed, 2, 2, 2))
+    text = str(caught.value)
+    assert text.startswith("the schedule would hang: ranks 0, 1 wait on each other in a cycle (microbatches 0, 1):")
+    assert "0B0 on rank 0 waits for rank 0 0RECV_B0 (the input gradient of stage 1, microbatch 0, for stage 0 " \
+           "(rank 1 -> rank 0)): it needs it" in text
+    assert "1B0 on rank 1 waits for rank 1 1F1: it runs after it on rank 1's compute thread" in text
+    assert "0F1 on rank 0 waits for rank 0 0B0: it runs after it on rank 0's compute thread" in text
+    assert "move 1B0 before 1F1 on rank 1" in text
+    assert caught.value.ranks == [0, 1]
+    assert {name for _, name in caught.value.units} >= {"0B0", "1B0", "1F1", "0F1"}
+
+
+def test_an_unmatched_send_is_refused() -> None:
+    mine = _units(orders.gpipe(2, 1), 2, 2, 1)
+    mine[1][units.COMPUTE] = [u for u in mine[1][units.COMPUTE] if u.name != "1RECV_F0"]
+    with pytest.raises(ScheduleHangError, match=r"rank 0 sends 0SEND_F0 to rank 1 \(message 1 from rank 0 to rank "
+                                                r"1\) but rank 1 never receives it"):
+        check.prove(mine)

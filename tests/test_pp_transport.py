@@ -1,0 +1,101 @@
+"""swpipeline.pp's messages: the wire format, and steps back to back whose shapes change.
+
+Bug stories kept here:
+
+* A step's HELLO and DONE sends were posted and their handles dropped at the next step's
+  start; dropping a pending gloo send cancels it, so now and then (about one run in three
+  of 90 steps) a peer never got the DONE of the step before and both ranks waited forever.
+  Every handle is now kept until its send completes: ``test_many_steps_back_to_back...``.
+* Each message went as a header, then its tensors, whose receive was posted only once the
+  header had arrived; the tensors, already there, waited for the receiving connection's own
+  thread to be scheduled again, milliseconds on a busy machine. A message now goes once,
+  into a buffer the receiver posted at the start of the step in the layout of the step
+  before; a change of shape is announced (``CHANGED``) and costs a second round trip, which
+  ``test_many_steps...`` exercises with batches of three sizes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import pytest
+import torch
+
+from dist_harness import run_on_ranks
+from swpipeline.pp import wire
+from test_pp_support import loss_fn, make_batch, make_model, reference_grads, stage_module, stage_param_slice
+
+
+def test_pack_and_unpack_round_trip() -> None:
+    tensors = (torch.randn(3, 5), None, torch.arange(7, dtype=torch.int64), torch.tensor([True, False]),
+               torch.randn(2, 2, dtype=torch.float64), torch.randn(4, dtype=torch.bfloat16))
+    layout = wire.layout_of(tensors)
+    buffer = wire.pack(tensors, layout, torch.device("cpu"))
+    assert buffer.numel() == wire.packed_size(layout) and buffer.numel() % wire.ALIGN == 0
+    values = wire.read_header(buffer)
+    assert values[0] == wire.DATA and wire.layout_from(values) == layout
+    back = wire.unpack(buffer, layout)
+    assert back[1] is None
+    for a, b in zip(tensors, back):
+        if a is not None:
+            assert b is not None and b.dtype == a.dtype and torch.equal(a, b)
+    assert wire.read_header(wire.marker(wire.FAILED, [12], size=1024))[:2] == [wire.FAILED, 12]
+
+
+def test_unsendable_messages_are_refused_with_the_limits() -> None:
+    with pytest.raises(TypeError, match="cannot send a tensor of dtype torch.uint16 between stages"):
+        wire.layout_of((torch.zeros(2, dtype=torch.uint16),))
+    with pytest.raises(ValueError, match="at most 15 tensors"):
+        wire.layout_of(tuple(torch.zeros(1) for _ in range(16)))
+
+
+def steps_on_rank(rank: int, world: int, schedule: str, local: int, rows: List[int]) -> List[bool]:
+    """One step per entry of ``rows`` (the batch size), back to back; whether each step's gradients are exact."""
+    import swpipeline.pp as pp
+
+    model = make_model()
+    num_stages = world * local
+    mine = list(range(rank, num_stages, world))
+    modules = {s: stage_module(model, s, num_stages) for s in mine}
+    stages = [pp.PipelineStage(modules[s], s, num_stages, torch.device("cpu")) for s in mine]
+    sched = getattr(pp, schedule)(stages[0] if local == 1 else stages, 4, loss_fn=loss_fn, timeout=60.0)
+    exact = []
+    for k, n_rows in enumerate(rows):
+        x, y = make_batch(seed=k, rows=n_rows)
+        for m in modules.values():
+            m.zero_grad(set_to_none=True)
+        args = (x,) if 0 in mine else ()
+        kwargs: Dict[str, Any] = {"target": y} if num_stages - 1 in mine else {}
+        sched.step(*args, **kwargs)
+        ref = reference_grads(model, x, y, 4)[0]
+        exact.append(all(torch.equal(p.grad, g) for s in mine
+                         for p, g in zip(modules[s].parameters(), ref[stage_param_slice(model, s, num_stages)])))
+    return exact
+
+
+def test_many_steps_back_to_back_with_changing_shapes_stay_exact() -> None:
+    rows = [16] * 30 + [12, 12, 13, 16, 16]  # the layouts of the step before, then changed (12, 13 rows: uneven)
+    for schedule, local in (("Schedule1F1B", 1), ("ScheduleInterleaved1F1B", 2)):
+        results = run_on_ranks(steps_on_rank, 2, timeout=120, schedule=schedule, local=local, rows=rows)
+        assert results == [[True] * len(rows)] * 2, schedule
+
+
+def test_the_watchdog_calls_only_waits_past_their_deadline_and_keeps_its_heap_small() -> None:
+    import threading
+    import time
+
+    from swpipeline.pp.watchdog import Watchdog
+
+    fired: List[str] = []
+    dog = Watchdog("test-watchdog")
+    for _ in range(1000):  # waits that end in time, as every message of every step does
+        dog.done(dog.watch(60.0, lambda: fired.append("early")))
+    late = threading.Event()
+    dog.watch(0.05, lambda: (fired.append("late"), late.set()))
+    assert late.wait(5.0)
+    assert fired == ["late"]
+    assert len(dog._deadlines.heap) < 200
+    thread = dog._thread
+    del dog
+    time.sleep(0.1)
+    assert thread is not None and not thread.is_alive()  # it ends with its owner
