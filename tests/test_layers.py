@@ -30,7 +30,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "swpipeline"
 LAYERS: List[Tuple[str, ...]] = [("errors", "scoped", "version"), ("plan",),
                                  ("devices", "observe", "shortcut", "training"), ("engine",), ("analysis",),
-                                 ("tuning",), ("torchrec", "gpipe", "embcache"), ("cli",)]
+                                 ("tuning",), ("torchrec", "gpipe", "embcache", "pp"), ("cli",)]
 LAYER_OF: Dict[str, int] = {part: k for k, parts in enumerate(LAYERS) for part in parts}
 
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Tuple
 
 from ..engine.clocked import SWPipeline
-from ..plan.model import IterContext, PipelinePlan, PipelineTask, TaskSchedule
+from ..plan.context import IterContext
+from ..plan.model import PipelinePlan, PipelineTask, TaskSchedule
 from .units import RankUnits, Unit
 
 __all__: List[str] = []

@@ -18,7 +18,7 @@ import torch
 
 from ..engine.clocked import SWPipeline
 from ..errors import PipelineAborted
-from ..plan.model import IterContext
+from ..plan.context import IterContext
 from .actions import FWD
 from .comms import Message, PipelineWork
 from .compute import StageOps, StepState
