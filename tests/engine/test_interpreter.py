@@ -143,3 +143,25 @@ def test_one_schedule_checked_alone_or_as_the_only_one_of_several_is_the_same_ch
     assert texts["alone"] == texts["together"]
     assert texts["alone"].startswith("with 3 batches the schedule gets stuck after retiring 0 iteration(s): thread "
                                      "group 'g' waits to run A of iteration 1, which has not started\n")
+
+
+def test_a_paper_run_tells_each_unit_as_it_runs_and_what_it_waited_for() -> None:
+    # rank 0: Fwd then Send; rank 1: Recv (waits for rank 0's Send) then Fwd. Each unit is told once, after all it
+    # waited for: its dependencies, its cross waits, the unit before it in its lane, each once
+    send_first, receive_first = rank_plan("Fwd", "Send"), rank_plan("Recv", "Fwd")
+    told: List[Tuple[UnitRef, Tuple[UnitRef, ...]]] = []
+    check_together(ranks(send_first, receive_first), 2, cross=sends_to_receives(2, [(1, 0)]),
+                   ran=lambda unit, after: told.append((unit, after)))
+    assert told == [((0, "Fwd", 0), ()), ((0, "Send", 0), ((0, "Fwd", 0),)),
+                    ((1, "Recv", 0), ((0, "Send", 0),)), ((1, "Fwd", 0), ((1, "Recv", 0),)),
+                    ((0, "Fwd", 1), ((0, "Send", 0),)), ((0, "Send", 1), ((0, "Fwd", 1),)),
+                    ((1, "Recv", 1), ((0, "Send", 1), (1, "Fwd", 0))), ((1, "Fwd", 1), ((1, "Recv", 1),))]
+
+
+def test_a_pair_that_runs_together_is_told_of_what_either_waited_for() -> None:
+    send_first, receive_first = rank_plan("Fwd", "Send"), rank_plan("Recv", "Fwd")
+    told: Dict[UnitRef, Tuple[UnitRef, ...]] = {}
+    check_together(ranks(send_first, receive_first), 1, together=[((0, "Send", 0), (1, "Recv", 0))],
+                   ran=lambda unit, after: told.update({unit: after}))
+    assert told[(0, "Send", 0)] == told[(1, "Recv", 0)] == ((0, "Fwd", 0),)
+    assert told[(1, "Fwd", 0)] == ((1, "Recv", 0),)

@@ -3,16 +3,21 @@
 Actions and their string form, each built-in schedule's orders, the messages derived
 from them, and the cross-rank proof: every built-in order proved over a range of ranks,
 stages and microbatches, and a crossed custom order refused with the ranks, microbatches
-and actions of its cycle.
+and actions of its cycle. The proof is the engine's interpreter's (``check.py``); the
+rule pp ran on its own before (``reference_times`` below: a receive waits for its send,
+then a topological sort of "waits for") is kept here as an independent reference, and
+the two agree on every built-in schedule and on a set of reordered ones.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List
+import itertools
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import pytest
 
 from swpipeline.pp import Action, Kind, ScheduleHangError
+from swpipeline.engine.paper import ScheduleError, check_together
 from swpipeline.pp import check, comms, orders, units
 from swpipeline.pp.actions import RankOrders, format_orders, parse_orders
 
@@ -78,30 +83,6 @@ def test_interleaved_orders_run_groups_of_microbatches_through_each_stage() -> N
     assert orders.microbatch_groups(4, 10) == [range(0, 5), range(5, 10)]
     assert orders.microbatch_groups(4, 3) == [range(0, 3)]
     assert orders.microbatch_groups(2, 7) == [range(0, 3), range(3, 5), range(5, 7)]
-
-
-def _all_orders() -> List[tuple]:
-    found = []
-    for ranks in (1, 2, 3, 4):
-        for n in range(1, 13):
-            found.append(("gpipe", ranks, 1, n, orders.gpipe(ranks, n)))
-            found.append(("1f1b", ranks, 1, n, orders.one_f_one_b(ranks, n)))
-            for local in (1, 2, 3):
-                found.append(("interleaved", ranks, local, n, orders.interleaved(ranks, local, n)))
-                found.append(("zero bubble", ranks, local, n, orders.interleaved(ranks, local, n, zero_bubble=True)))
-    return found
-
-
-def test_every_built_in_order_is_proved_and_keeps_each_stage_s_backwards_in_microbatch_order() -> None:
-    for name, ranks, local, n, o in _all_orders():
-        check.prove(_units(o, ranks, ranks * local, n))  # raises if it could hang
-        for actions in o.values():
-            for kinds in ("B", "I", "W"):  # gradients summed in microbatch order: the bits of one process
-                per_stage: Dict[int, List[int]] = {}
-                for a in actions:
-                    if a.kind.value == kinds:
-                        per_stage.setdefault(a.stage, []).append(a.microbatch)
-                assert all(ms == sorted(ms) for ms in per_stage.values()), (name, ranks, local, n)
 
 
 def test_side_by_side_on_paper() -> None:
@@ -172,3 +153,147 @@ def test_an_unmatched_send_is_refused() -> None:
     with pytest.raises(ScheduleHangError, match=r"rank 0 sends 0SEND_F0 to rank 1 \(message 1 from rank 0 to rank "
                                                 r"1\) but rank 1 never receives it"):
         check.prove(mine)
+
+
+def test_a_value_handed_over_in_memory_before_it_is_made_is_refused() -> None:
+    # stages 0 and 1 on one rank: 1F0 takes 0F0's output, so it cannot come first
+    with pytest.raises(ScheduleHangError, match=r"rank 0 runs 1F0 \(step 0\) before 0F0 \(step 1\), which makes the "
+                                                r"activations it takes \(stages 0 and 1 both live on rank 0.*move 1F0 "
+                                                r"after 0F0") as caught:
+        comms.derive(parse_orders({0: "1F0 0F0 1B0 0B0"}), 1, 2, 1, True)
+    assert caught.value.units == [(0, "1F0"), (0, "0F0")]
+
+
+# -- the proof is the engine's interpreter's, and agrees with the rule pp had of its own ---------------------------
+
+Node = Tuple[int, str]
+Times = Dict[Node, Tuple[float, float]]
+
+
+def reference_times(schedules: Dict[int, units.RankUnits], cost: Callable[[units.Unit], float]) -> Optional[Times]:
+    """The rule pp ran before the interpreter did (None: it would hang): a unit waits for its dependencies, the unit
+    before it in its thread group and, a receive, for its send; it starts once all of those ended."""
+    found: Dict[Node, units.Unit] = {}
+    waits: Dict[Node, Set[Node]] = {}
+    ends: Dict[Tuple[int, int, int], Dict[str, Node]] = {}
+    for rank, groups in schedules.items():
+        for group_units in groups.values():
+            for k, unit in enumerate(group_units):
+                me = (rank, unit.name)
+                found[me] = unit
+                waits[me] = {(rank, dep) for dep in unit.deps} | ({(rank, group_units[k - 1].name)} if k else set())
+                if unit.channel is not None:
+                    ends.setdefault(unit.channel, {})[unit.role] = me
+    for pair in ends.values():
+        waits[pair["recv"]].add(pair["send"])
+    times: Times = {}
+    while len(times) < len(found):
+        ready = [n for n in found if n not in times and all(w in times for w in waits[n])]
+        if not ready:
+            return None
+        for node in ready:
+            start = max((times[w][1] for w in waits[node]), default=0.0)
+            times[node] = (start, start + cost(found[node]))
+    return times
+
+
+def _cost(unit: units.Unit) -> float:
+    """Compute actions of different lengths, receives that take time, sends that take none."""
+    if unit.action is not None:
+        return {"F": 1.0, "B": 2.0, "I": 1.25, "W": 0.75}[unit.action.kind.value] + 0.125 * unit.action.stage
+    return 0.5 if unit.role == "recv" and unit.message is not None else 0.0
+
+
+def _built_ins() -> Iterator[Tuple[str, int, int, int, RankOrders]]:
+    """Every schedule the package builds for 1-4 ranks, 1-3 stages per rank, 1-12 microbatches."""
+    for ranks, n in itertools.product((1, 2, 3, 4), range(1, 13)):
+        yield "gpipe", ranks, 1, n, orders.gpipe(ranks, n)
+        yield "1f1b", ranks, 1, n, orders.one_f_one_b(ranks, n)
+        for local in (1, 2, 3):
+            yield "interleaved", ranks, local, n, orders.interleaved(ranks, local, n)
+            yield "zero bubble", ranks, local, n, orders.interleaved(ranks, local, n, zero_bubble=True)
+
+
+def test_every_built_in_order_is_proved_as_the_old_rule_did_and_keeps_each_stage_s_backwards_in_order() -> None:
+    count = 0
+    for name, ranks, local, n, o in _built_ins():
+        schedules = _units(o, ranks, ranks * local, n)
+        # proved by the interpreter (it raises if the order could hang), with the paper times the old rule gave
+        assert check.paper_times(schedules, _cost) == reference_times(schedules, _cost), (name, ranks, local, n)
+        count += 1
+        for actions in o.values():
+            for kinds in ("B", "I", "W"):  # gradients summed in microbatch order: the bits of one process
+                per_stage: Dict[int, List[int]] = {}
+                for a in actions:
+                    if a.kind.value == kinds:
+                        per_stage.setdefault(a.stage, []).append(a.microbatch)
+                assert all(ms == sorted(ms) for ms in per_stage.values()), (name, ranks, local, n)
+    assert count == 4 * 12 * 8
+
+
+def _reordered() -> Iterator[Tuple[Dict[int, units.RankUnits], str]]:
+    """Built-in orders with one action of one rank moved one to three places earlier, where each stage's work stays
+    complete and in order: some hang, some do not."""
+    for (make, local), ranks, n in itertools.product(
+            [(lambda p, v, n: orders.one_f_one_b(p, n), 1), (lambda p, v, n: orders.gpipe(p, n), 1),
+             (orders.interleaved, 2), (lambda p, v, n: orders.interleaved(p, v, n, zero_bubble=True), 2)],
+            (2, 3), (2, 3)):
+        base = make(ranks, local, n)
+        for rank, k, back in ((r, k, b) for r in base for k in range(len(base[r])) for b in (1, 2, 3) if k >= b):
+            swapped = {r: list(actions) for r, actions in base.items()}
+            swapped[rank].insert(k - back, swapped[rank].pop(k))
+            try:
+                work = comms.derive(swapped, ranks, ranks * local, n, True)
+            except ValueError:  # a stage's work out of order on its own rank: refused before any proof
+                continue
+            yield {r: units.units_of_rank(work, r) for r in range(ranks)}, f"{ranks} ranks, {n} mb, {swapped}"
+
+
+def test_the_interpreter_and_the_old_rule_agree_on_reordered_custom_orders() -> None:
+    verdicts = {True: 0, False: 0}
+    for schedules, what in _reordered():
+        expected = reference_times(schedules, _cost)
+        try:
+            found: Optional[Times] = check.paper_times(schedules, _cost)
+        except ScheduleHangError as hang:
+            found = None
+            assert set(hang.ranks) <= set(schedules) and len(hang.ranks) >= 2, what
+        assert found == expected, what
+        verdicts[found is None] += 1
+    assert verdicts[True] >= 20 and verdicts[False] >= 20, verdicts  # both verdicts, many times each
+
+
+def test_a_send_is_posted_and_never_waits_so_1f1b_s_crossing_sends_pass() -> None:
+    # The proof pairs each receive with its send as a one-way wait: the transport posts a send and goes on. Were a
+    # send to wait for its receive (a blocking send), 1F1B would hang: rank 0 sends 0F1 while rank 1 sends 1B0.
+    schedules = _units(orders.one_f_one_b(2, 2), 2, 2, 2)
+    check.prove(schedules)
+    plans = check.rank_plans(schedules)
+    met = [((r[0], r[1], 0), (s[0], s[1], 0)) for r, s in plans.messages]
+    check_together(plans.engines, 1, cross=met)
+    with pytest.raises(ScheduleError, match="0SEND_F1 of iteration 0, which runs together with 1RECV_F1"):
+        check_together(plans.engines, 1, together=met)
+
+
+def test_the_verdict_is_the_engine_s_paper_run_of_every_rank_s_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    handed: List[Tuple[Any, ...]] = []
+    real = check.check_together
+
+    def spy(engines: Any, num_batches: int, **kwargs: Any) -> None:
+        handed.append((engines, num_batches, kwargs))
+        real(engines, num_batches, **kwargs)
+
+    monkeypatch.setattr(check, "check_together", spy)
+    schedules = _units(orders.one_f_one_b(3, 2), 3, 3, 2)
+    check.prove(schedules)
+    [(engines, num_batches, kwargs)] = handed
+    assert num_batches == 1  # a step is one iteration of each rank's plan
+    assert [(e.name, e.caller_group, type(e.rule).__name__) for e in engines] == [
+        ("rank 0", "compute", "ClockRule"), ("rank 1", "compute", "ClockRule"), ("rank 2", "compute", "ClockRule")]
+    for rank, engine in enumerate(engines):  # each rank's lanes: its thread groups' units in their order
+        assert {g: [s.task for s in slots] for g, slots in engine.schedule.lanes.items()} == {
+            g: [u.name for u in us] for g, us in schedules[rank].items()}
+    # every message a one-way wait of its receive for its send, iteration 0: 2 microbatches, 2 ways, 2 channels, and
+    # a HELLO and a DONE each way on each
+    assert ((1, "1RECV_F0", 0), (0, "0SEND_F0", 0)) in kwargs["cross"] and "together" not in kwargs
+    assert len(kwargs["cross"]) == 2 * 2 * 2 + 2 * 2 * 2

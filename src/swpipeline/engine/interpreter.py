@@ -4,7 +4,9 @@ and nowhere else.
 
 Its drivers: the deadlock check (``paper.check``, ``paper.check_together``), the step boundary
 (``paper.boundary``) and the simulator (``tuning/sim_core.py``, which puts times on top: a unit that
-may run starts at the latest end of what it waited for). The engines themselves run the same rule with
+may run starts at the latest end of what it waited for). ``swpipeline.pp`` proves every rank's plan of a
+pipeline split across processes with ``check_together`` and times them from what ``run`` tells it
+(``ran``: each unit as it runs, and what it waited for). The engines themselves run the same rule with
 threads: a dependency is a completion signal, a turn a ``signals.Turns``, a lane a worker's FIFO queue.
 
 ::
@@ -51,6 +53,7 @@ __all__: List[str] = []
 UnitRef = Tuple[int, str, int]  # a unit outside the interpreter: (schedule index, task name, iteration)
 Lane = int  # a lane's index: the schedules' thread groups, schedule by schedule, each in first-use order
 MayRun = Callable[[Lane, Unit[int]], bool]  # a driver's own limit on a lane's head (the caller's group)
+Ran = Callable[[int, Tuple[int, ...]], None]  # told of each unit run: its key and the keys it waited for (waited_for)
 
 
 class Wait(NamedTuple):
@@ -270,10 +273,11 @@ class Interpreter:
         counted, left = iteration * self.count + schedule, self.left
         left[counted] = left.get(counted, self.sizes[schedule]) - 1
 
-    def run(self, may_run: Optional[MayRun] = None) -> int:
+    def run(self, may_run: Optional[MayRun] = None, ran: Optional[Ran] = None) -> int:
         """Run every unit that can run (and that ``may_run`` allows, if given), until none can; returns how
         many ran (a pair counts twice). The state reached is the same in whatever order they run (see the
-        module docstring)."""
+        module docstring). ``ran``, if given, is told of each unit as it runs, with what it waited for
+        (``waited_for``): enough to put times on a paper run without restating when a unit may run."""
         before, moved = len(self.done), True
         while moved:
             moved = False
@@ -283,9 +287,43 @@ class Interpreter:
                         head = self.lanes[lane][self.heads[lane]]
                         if not may_run(lane, head) or not self._partner_allowed(head, lane, may_run):
                             break
-                    self.run_head(lane)
+                    if ran is None:
+                        self.run_head(lane)
+                    else:
+                        self._run_reported(lane, ran)
                     moved = True
         return len(self.done) - before
+
+    def waited_for(self, lane: Lane) -> Tuple[int, ...]:
+        """The keys of what the lane's head waits for, each once, in this order: its dependencies, its cross waits,
+        the unit before it in its lane, the unit before it on each of its turn lines (none below ``floor``). Once
+        the head can run they are all done: on paper it starts once the last of them has ended."""
+        h, units = self.heads[lane], self.lanes[lane]
+        _, slot, iteration = units[h]
+        schedule = self.lane_schedule[lane]
+        key = self.key(schedule, slot.index, iteration)
+        found = [key + offset for offset, back in self.deps[schedule][slot.index] if iteration >= back]
+        found += self.cross.get(key, ())
+        if h:
+            found.append(self.key(schedule, units[h - 1][1].index, units[h - 1][2]))
+        for line in self.lines_of[schedule][slot.index]:
+            if self.turns[line]:
+                found.append(self.orders[line][self.turns[line] - 1])
+        return tuple(k for k in dict.fromkeys(found) if k >= self.floor)
+
+    def _run_reported(self, lane: Lane, ran: Ran) -> None:
+        """``run_head``, telling ``ran`` of the head and of its partner, if one runs with it: a pair starts once both
+        may, so each is told of what either waited for."""
+        after = self.waited_for(lane)
+        _, slot, iteration = self.lanes[lane][self.heads[lane]]
+        key = self.key(self.lane_schedule[lane], slot.index, iteration)
+        other = self.partner.get(key)
+        other_lane = None if other is None or self._key_done(other) else self._lane_with_head(other)
+        if other_lane is not None:
+            after = tuple(dict.fromkeys(after + self.waited_for(other_lane)))
+        self.run_head(lane)
+        for unit in (key,) if other is None or other_lane is None else (key, other):
+            ran(unit, after)
 
     def _partner_allowed(self, head: Unit[int], lane: Lane, may_run: MayRun) -> bool:
         if not self.partner:

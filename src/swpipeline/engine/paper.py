@@ -22,7 +22,7 @@ maximal run decides for every timing whether the schedules complete.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..devices.device import CPUDevice
 from ..plan import ordering
@@ -34,6 +34,8 @@ from .schedule import Position, Schedule, Unit
 from .stuck import Standstill, blocked
 
 __all__: List[str] = []
+
+Ran = Callable[[UnitRef, Tuple[UnitRef, ...]], None]  # told of each unit run on paper, and of what it waited for
 
 
 class ScheduleError(RuntimeError):
@@ -74,13 +76,15 @@ def check(schedule: Schedule, rule: ReleaseRule, num_batches: int, caller_group:
 
 
 def check_together(engines: Sequence[OnPaper], num_batches: int, cross: Iterable[Tuple[UnitRef, UnitRef]] = (),
-                   together: Iterable[Tuple[UnitRef, UnitRef]] = ()) -> None:
+                   together: Iterable[Tuple[UnitRef, UnitRef]] = (), ran: Optional[Ran] = None) -> None:
     """Run ``num_batches`` iterations of every schedule on paper at once; raise ScheduleError if they get stuck.
 
     Units are named ``(index into engines, task name, iteration)``; ``cross``: ``(waiter, waited_for)``;
-    ``together``: pairs that run at the same moment (see ``Interpreter``).
+    ``together``: pairs that run at the same moment (see ``Interpreter``). ``ran``, if given, is told of
+    each unit as it runs on paper, with the units it waited for (``Interpreter.waited_for``), so a caller
+    can put times on the run: a unit starts once the last of those has ended.
     """
-    PaperRun(engines, num_batches, cross, together).run()
+    PaperRun(engines, num_batches, cross, together).run(ran)
 
 
 class PaperEngine:
@@ -172,15 +176,18 @@ class PaperRun:
         engine = self._by_lane[lane]
         return lane != engine.caller_lane or engine.caller_runs(head)
 
-    def run(self) -> None:
-        """Fill every engine, then run, retire and hand out until every batch retired; ScheduleError if stuck."""
+    def run(self, ran: Optional[Ran] = None) -> None:
+        """Fill every engine, then run, retire and hand out until every batch retired; ScheduleError if stuck.
+        ``ran``: see ``check_together``."""
         for engine in self.engines:
             for _ in range(engine.rule.fill_steps):
                 engine.step()
+        ref = self.interpreter.ref
+        told = None if ran is None else (lambda key, after: ran(ref(key), tuple(map(ref, after))))
         while any(engine.retired < self.num_batches for engine in self.engines):
             for engine in self.engines:
                 engine.caller_through = engine.rule.caller_through(engine.entries)
-            moved = self.interpreter.run(self._may_run) > 0
+            moved = self.interpreter.run(self._may_run, told) > 0
             for engine in self.engines:
                 if engine.may_retire(self.num_batches):
                     engine.retire()

@@ -1,76 +1,93 @@
-"""The whole pipeline's step, proved on paper before any rank sends: sends matched, no deadlock.
+"""The whole pipeline's step, proved on paper by the engine's own interpreter before any rank sends.
 
-Every rank builds every rank's units (``units.py``) from the configuration, then
-``prove`` runs the rule the engines run on one rank (``Schedule.check``: each thread group
-a FIFO, a unit runs once the unit before it in its group and its dependencies are done)
-over all ranks at once, with one more dependency for what crosses ranks: a receive waits
-for its send (a send is posted and never waits). Running a unit never stops another from
-running, so the step completes for every timing if and only if it completes in one maximal
-run; that run is a topological sort of the graph whose nodes are the units and whose
-edges are "waits for". A cycle is a hang: the error names it, unit by unit, with the
-ranks, the microbatches and what each unit waits for.
+Every rank builds every rank's units (``units.py``) from the configuration and turns each
+rank's into the ``PipelinePlan`` that rank runs (``plan_of_rank.py``). ``prove`` hands all
+of them to the engine's interpreter at once (``engine.paper.check_together``: one schedule
+per rank, each run on paper as ``SWPipeline`` runs it, under its release rule, the compute
+group on the caller's thread), with one more wait per message: a receive waits for its
+send. So the rule that decides when a unit may run is the engines' own, over several ranks;
+nothing here restates it.
 
-The same graph, with a cost per unit, gives each unit's start and end on paper
-(``paper_times``): the side-by-side table of ``print_schedule`` (every compute action one
-tick) and, with measured costs, the step time of ``simulate``.
+Why a message is a one-way wait (``cross``) and not a meeting of send and receive
+(``together``): a send only posts its message (``Transport.send``: ``isend``, its handle
+kept) and returns at once, whether or not the receiver is there; its completion is awaited
+only after the step's plan has run, once every peer's DONE showed it took every message
+(``Transport.finish_step``). A receive waits for its message. Modelled as meetings, the
+sends of 1F1B, which cross on every step (rank 0 sends a forward while rank 1 sends a
+gradient back), would be refused; as posted, they pass, as they run.
 
-This module proves several ranks' schedules with a rule of its own. The engine is being
-given one interpreter for several schedules with dependencies between them; once it
-lands, ``prove`` should hand the ranks' plans to it instead (its signature stays).
+Running a unit never stops another from running, so one maximal paper run decides for
+every timing whether the step completes (``engine/interpreter.py``). When it gets stuck,
+every unit that did not run waits, directly or not, for another that did not: the error
+names one cycle of them, unit by unit, with the ranks, the microbatches and what each waits
+for. The same run, told of each unit as it runs and of what it waited for, puts times on
+the units (``paper_times``): the side-by-side table of ``print_schedule`` (every compute
+action one tick) and, with measured costs, the step time of ``simulate``.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
 
+from ..engine.interpreter import UnitRef
+from ..engine.paper import OnPaper, ScheduleError, check_together, schedule_of
+from ..engine.release import ClockRule
 from .actions import Action
 from .errors import ScheduleHangError
-from .units import ChannelKey, RankUnits, Unit
+from .plan_of_rank import TaskFn, plan_of_rank
+from .units import COMPUTE, ChannelKey, RankUnits, Unit
 
 __all__: List[str] = []
 
 NodeId = Tuple[int, str]  # (rank, unit name)
+Times = Dict[NodeId, Tuple[float, float]]  # unit -> (start, end) on paper
 
 
 class Wait(NamedTuple):
-    """One "waits for" edge."""
+    """One "waits for" of a unit, in words (for the error that names a cycle)."""
 
     node: NodeId  # the unit waited for
     reason: str
 
 
-class Graph(NamedTuple):
-    units: Dict[NodeId, Unit]  # every unit, by (rank, name)
-    waits: Dict[NodeId, List[Wait]]  # unit -> what it waits for
+class RankPlans(NamedTuple):
+    """Every rank's plan as the engine runs it on paper, and the messages as waits between them."""
+
+    engines: List[OnPaper]  # one per rank, in rank order
+    ranks: List[int]  # the rank of each
+    messages: List[Tuple[NodeId, NodeId]]  # (receive, send) of every message
 
 
-def build_graph(schedules: Mapping[int, RankUnits]) -> Graph:
-    """The "waits for" graph of every rank's units; raises ScheduleHangError for an unmatched send or receive."""
-    units: Dict[NodeId, Unit] = {}
+def rank_plans(schedules: Mapping[int, RankUnits]) -> RankPlans:
+    """Each rank's plan on paper (``SWPipeline``'s rule, the compute group on the caller's thread), and every
+    receive paired with its send.
+
+    Raises:
+        ScheduleHangError: a send or a receive without its partner on the other rank.
+    """
     ends: Dict[ChannelKey, Dict[str, NodeId]] = {}
     for rank, groups in schedules.items():
         for group_units in groups.values():
             for unit in group_units:
-                units[(rank, unit.name)] = unit
                 if unit.channel is not None:
                     ends.setdefault(unit.channel, {})[unit.role] = (rank, unit.name)
-    waits: Dict[NodeId, List[Wait]] = {uid: [] for uid in units}
+    messages: List[Tuple[NodeId, NodeId]] = []
     for key, found in sorted(ends.items()):
         if set(found) != {"send", "recv"}:
-            raise ScheduleHangError(_unmatched(key, found, units), [found.get("send") or found["recv"]])
-        waits[found["recv"]].append(Wait(found["send"], f"is received once rank {found['send'][0]} sends it"))
-    for rank, groups in schedules.items():
-        for group, group_units in groups.items():
-            for k, unit in enumerate(group_units):
-                me = (rank, unit.name)
-                waits[me] += [Wait((rank, dep), "needs it") for dep in unit.deps]
-                if k:  # listed last: where it also needs the unit before it, "needs it" is what the error says
-                    waits[me].append(Wait((rank, group_units[k - 1].name),
-                                          f"runs after it on rank {rank}'s {group} thread"))
-    return Graph(units, waits)
+            raise ScheduleHangError(_unmatched(key, found), [found.get("send") or found["recv"]])
+        messages.append((found["recv"], found["send"]))
+    engines, ranks = [], sorted(schedules)
+    for rank in ranks:
+        schedule = schedule_of(plan_of_rank(schedules[rank], _on_paper))
+        engines.append(OnPaper(schedule, ClockRule(schedule.depth), COMPUTE, f"rank {rank}"))
+    return RankPlans(engines, ranks, messages)
 
 
-def _unmatched(key: ChannelKey, found: Mapping[str, NodeId], units: Mapping[NodeId, Unit]) -> str:
+def _on_paper(unit: Unit) -> TaskFn:
+    return lambda ctx: None  # (a plan only looked at, never run)
+
+
+def _unmatched(key: ChannelKey, found: Mapping[str, NodeId]) -> str:
     src, dst, index = key
     if "send" in found:
         name = found["send"][1]
@@ -90,56 +107,85 @@ def prove(schedules: Mapping[int, RankUnits]) -> None:
     paper_times(schedules, lambda unit: 0.0)
 
 
-Times = Dict[NodeId, Tuple[float, float]]  # unit -> (start, end) on paper
-
-
 def paper_times(schedules: Mapping[int, RankUnits], cost: Callable[[Unit], float]) -> Times:
-    """Each unit's start and end when every unit starts as soon as all it waits for has ended.
+    """Each unit's start and end on the engine's paper run of every rank at once, a unit starting once all it
+    waited for has ended and taking ``cost(unit)``.
 
     Raises:
         ScheduleHangError: as ``prove``.
     """
-    graph = build_graph(schedules)
-    waiting = {node: {w.node for w in ws} for node, ws in graph.waits.items()}
-    users: Dict[NodeId, List[NodeId]] = {node: [] for node in graph.waits}
-    for node, deps in waiting.items():
-        for dep in deps:
-            users[dep].append(node)
-    left = {node: len(deps) for node, deps in waiting.items()}
-    ready = sorted(node for node, count in left.items() if count == 0)
-    end: Dict[NodeId, float] = {}
-    while ready:
-        node = ready.pop()
-        start = max((end[dep] for dep in waiting[node]), default=0.0)
-        end[node] = start + cost(graph.units[node])
-        for user in users[node]:
-            left[user] -= 1
-            if left[user] == 0:
-                ready.append(user)
-    if len(end) < len(waiting):
-        raise _hang(graph, {node for node in waiting if node not in end})
-    return {node: (end[node] - cost(graph.units[node]), end_time) for node, end_time in end.items()}
+    plans = rank_plans(schedules)
+    rank_of = dict(enumerate(plans.ranks))
+    index_of = {rank: k for k, rank in rank_of.items()}
+    units = {(rank, unit.name): unit for rank, groups in schedules.items()
+             for group_units in groups.values() for unit in group_units}
+    times: Times = {}
+
+    def ran(unit: UnitRef, after: Tuple[UnitRef, ...]) -> None:
+        start = max((times[(rank_of[k], name)][1] for k, name, _ in after), default=0.0)
+        node = (rank_of[unit[0]], unit[1])
+        times[node] = (start, start + cost(units[node]))
+
+    cross = [((index_of[recv[0]], recv[1], 0), (index_of[send[0]], send[1], 0)) for recv, send in plans.messages]
+    try:
+        check_together(plans.engines, 1, cross=cross, ran=ran)
+    except ScheduleError as stuck:
+        raise _hang(schedules, set(units) - set(times)) from stuck
+    return times
 
 
-def _hang(graph: Graph, stuck: Set[NodeId]) -> ScheduleHangError:
-    """The error for a cycle among the ``stuck`` units (each of which waits for another stuck one)."""
+def _waits(schedules: Mapping[int, RankUnits], node: NodeId, stuck: Set[NodeId]) -> Optional[Wait]:
+    """What a unit that did not run waits for among the others that did not, in words: the unit before it in its
+    thread group, or (the first in its group not run) a unit of its own rank it needs, or its message's send."""
+    rank, name = node
+    for group, group_units in schedules[rank].items():
+        names = [u.name for u in group_units]
+        if name not in names:
+            continue
+        k = names.index(name)
+        unit = group_units[k]
+        if k and (rank, names[k - 1]) in stuck:
+            reason = "needs it" if names[k - 1] in unit.deps else f"runs after it on rank {rank}'s {group} thread"
+            return Wait((rank, names[k - 1]), reason)
+        for dep in unit.deps:
+            if (rank, dep) in stuck:
+                return Wait((rank, dep), "needs it")
+        if unit.role == "recv" and unit.channel is not None:
+            src = unit.channel[0]
+            send = next(u.name for u in _all(schedules[src]) if u.channel == unit.channel and u.role == "send")
+            if (src, send) in stuck:
+                return Wait((src, send), f"is received once rank {src} sends it")
+    return None
+
+
+def _all(groups: RankUnits) -> List[Unit]:
+    return [unit for group_units in groups.values() for unit in group_units]
+
+
+def _hang(schedules: Mapping[int, RankUnits], stuck: Set[NodeId]) -> ScheduleHangError:
+    """The error for the units the paper run left ``stuck``: one cycle of them, unit by unit, and a fix."""
+    units = {(rank, unit.name): unit for rank, groups in schedules.items() for unit in _all(groups)}
     path: List[Tuple[NodeId, Wait]] = []
     seen: Dict[NodeId, int] = {}
     node = min(stuck)
     while node not in seen:
         seen[node] = len(path)
-        wait = next(w for w in graph.waits[node] if w.node in stuck)
+        wait = _waits(schedules, node, stuck)
+        if wait is None:  # never: a unit the run left waits for another it left
+            return ScheduleHangError(f"the schedule would hang: {node[1]} on rank {node[0]} never runs; reorder "
+                                     f"the actions, or use a built-in schedule", [node])
         path.append((node, wait))
         node = wait.node
     cycle = path[seen[node]:]
-    lines = [f"{waiter[1]} on rank {waiter[0]} waits for {_label(graph, wait.node)}: it {wait.reason}"
+    first = min(range(len(cycle)), key=lambda k: cycle[k][0])  # the same cycle is named the same way
+    cycle = cycle[first:] + cycle[:first]
+    lines = [f"{waiter[1]} on rank {waiter[0]} waits for {_label(units, wait.node)}: it {wait.reason}"
              for waiter, wait in cycle]
     members = [waiter for waiter, _ in cycle]
     ranks = sorted({rank for rank, _ in members})
-    microbatches = sorted({unit.action.microbatch for unit in (graph.units[m] for m in members)
-                           if unit.action is not None})
+    microbatches = sorted({unit.action.microbatch for unit in (units[m] for m in members) if unit.action is not None})
     turns = [(waiter, wait) for waiter, wait in cycle if wait.reason.startswith("runs after")]
-    turn = next(((a, w) for a, w in turns if graph.units[a].action and graph.units[w.node].action), None)
+    turn = next(((a, w) for a, w in turns if units[a].action and units[w.node].action), None)
     waiter, wait = turn or (turns[0] if turns else cycle[0])
     fix = f"move {waiter[1]} before {wait.node[1]} on rank {waiter[0]}"
     message = (f"the schedule would hang: ranks {', '.join(map(str, ranks))} wait on each other in a cycle "
@@ -150,8 +196,8 @@ def _hang(graph: Graph, stuck: Set[NodeId]) -> ScheduleHangError:
     return ScheduleHangError(message, members)
 
 
-def _label(graph: Graph, uid: NodeId) -> str:
-    unit = graph.units[uid]
+def _label(units: Mapping[NodeId, Unit], uid: NodeId) -> str:
+    unit = units[uid]
     what = f" ({unit.message.describe()})" if unit.message is not None else ""
     return f"rank {uid[0]} {uid[1]}{what}"
 

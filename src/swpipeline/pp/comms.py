@@ -11,7 +11,10 @@ the configuration, so the sender's and the receiver's sequences always agree.
 Before any message is derived every stage's work is checked complete: each ``(stage,
 microbatch)`` has one forward and, in training, one backward (``B``, or ``I`` then
 ``W``) after it, on the rank that holds the stage. A missing or repeated action is an
-error naming the rank, the stage, the microbatch and the fix.
+error naming the rank, the stage, the microbatch and the fix. A value handed over in
+memory must be made before the action that takes it, on its one rank (else that rank
+would wait for itself: ``ScheduleHangError``); what waits across ranks is ``check.py``'s
+to prove.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, NamedTuple, Sequence, Tuple
 
 from .actions import BACKWARD_KINDS, BWD, FWD, BWD_I, BWD_W, Action, Kind, RankOrders
+from .errors import ScheduleHangError
 
 __all__: List[str] = []
 
@@ -111,6 +115,7 @@ def derive(orders: RankOrders, num_ranks: int, num_stages: int, n_microbatches: 
         ranks.setdefault(rank, RankWork(rank, []))
     for msg in messages:
         if msg.src_rank == msg.dst_rank:
+            _check_handed_over(msg, position)
             ranks[msg.src_rank].local.append(msg)
             continue
         ranks[msg.src_rank].sends.setdefault(msg.dst_rank, []).append(msg)
@@ -121,6 +126,23 @@ def derive(orders: RankOrders, num_ranks: int, num_stages: int, n_microbatches: 
             channel.sort(key=lambda msg: (position[(msg.src_rank, msg.producer)], msg.dst_stage))
         work.peers = sorted(set(work.sends) | set(work.recvs))
     return PipelineWork(num_ranks, num_stages, n_microbatches, backward, ranks, tuple(skips))
+
+
+def _check_handed_over(msg: Message, position: Mapping[Tuple[int, Action], int]) -> None:
+    """A value handed over in memory (both stages on one rank) is made before the action that takes it.
+
+    Raises:
+        ScheduleHangError: the rank runs the consumer first: it would wait for its own later action.
+    """
+    rank = msg.src_rank
+    made, taken = position[(rank, msg.producer)], position[(rank, msg.consumer)]
+    if taken < made:
+        what = "activations" if msg.kind == "F" else "input gradient"
+        raise ScheduleHangError(
+            f"the schedule would hang: rank {rank} runs {msg.consumer} (step {taken}) before {msg.producer} (step "
+            f"{made}), which makes the {what} it takes (stages {msg.src_stage} and {msg.dst_stage} both live on rank "
+            f"{rank}, which hands them over in memory): move {msg.consumer} after {msg.producer}",
+            [(rank, str(msg.consumer)), (rank, str(msg.producer))])
 
 
 class _Finder:
