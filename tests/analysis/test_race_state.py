@@ -71,9 +71,13 @@ def batches(n: int = 6) -> List[torch.Tensor]:
     return [torch.randn(5, 4, generator=gen) for _ in range(n)]
 
 
-WEIGHT_RACE = ("race on model.0.bias: 'Forward' (iteration 1) reads model.0.bias, which 'Step' (iteration 0) "
-               "writes, and no declared dependency orders the two (a serial run runs 'Step' first): add "
-               "(\"Forward\", \"Step\") to inter_iter_deps")
+def weight_race(name: str) -> str:
+    return (f"race on {name}: 'Forward' (iteration 1) reads {name}, which 'Step' (iteration 0) writes, and no declared "
+            f"dependency orders the two (a serial run runs 'Step' first): add (\"Forward\", \"Step\") to "
+            f"inter_iter_deps")
+
+
+WEIGHT_RACE = weight_race("model.0.bias")  # found when Forward(1) returns: its reads, by name
 
 
 def test_analyze_and_check_races_name_the_same_weights() -> None:
@@ -88,9 +92,56 @@ def test_analyze_and_check_races_name_the_same_weights() -> None:
 def test_check_races_sees_the_weights_a_step_on_another_thread_group_writes(kind: str, caller: Any) -> None:
     with pytest.raises(RaceError) as info:
         engine(kind, Training().plan(), caller, check_races=True).run(batches())
-    assert str(info.value) == WEIGHT_RACE
-    assert (info.value.attribute, info.value.first, info.value.second) == (
-        "model.0.bias", ("Step", 0), ("Forward", 1))
+    # Step(0)'s first write (model.0.weight) if Forward(1) had returned by then, else Forward(1)'s first read by name
+    assert info.value.attribute in ("model.0.weight", "model.0.bias")
+    assert str(info.value) == weight_race(info.value.attribute)
+    assert (info.value.first, info.value.second) == (("Step", 0), ("Forward", 1))
+
+
+class WriteBeforeBackward(Training):
+    """Step(0) writes the weights while Backward(1), whose graph saved them, waits; Backward(1) runs before Step(0)
+    returns. Were the write of the weights logged only when Step(0)'s call ends, Backward(1) would fail first, with
+    autograd's "modified by an inplace operation", hiding the race that caused it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backward_started, self.stepped, self.backward_done = threading.Event(), threading.Event(), \
+            threading.Event()
+
+    def backward(self, ctx: IterContext) -> None:
+        if ctx.iter_idx != 1:
+            return super().backward(ctx)
+        self.backward_started.set()
+        try:
+            assert self.stepped.wait(10)
+            super().backward(ctx)
+        finally:
+            self.backward_done.set()
+
+    def step(self, ctx: IterContext) -> None:
+        if ctx.iter_idx != 0:
+            return super().step(ctx)
+        assert self.backward_started.wait(10)
+        try:
+            super().step(ctx)
+        finally:
+            self.stepped.set()
+            assert self.backward_done.wait(10)
+
+
+@pytest.mark.parametrize("caller", [c for c, _ in CALLER], ids=[i for _, i in CALLER])
+@pytest.mark.parametrize("kind", ENGINES)
+def test_the_race_is_reported_before_the_write_it_names_changes_what_another_task_computes(
+        kind: str, caller: Any) -> None:
+    training = WriteBeforeBackward()
+    with pytest.raises(RaceError) as info:
+        engine(kind, training.plan(), caller, check_races=True).run(batches())
+    assert str(info.value) == weight_race("model.0.weight")  # Step(0)'s first write, judged before it lands
+    assert training.backward_done.is_set()
+    untouched = Training().model  # the same initial weights: Step(0) was refused before it changed them
+    with torch.no_grad():
+        expected = [untouched(b).square().mean() for b in batches()[:2]]
+    assert len(training.losses) == 2 and all(torch.equal(a, b) for a, b in zip(training.losses, expected))
 
 
 def test_run_serial_reports_the_same_weight_race() -> None:

@@ -14,8 +14,9 @@ holds another unit's access whose verdict is not already known to be "ordered".
 Everything else (``vars(ctx)``, deletes, draws) goes through the journal's hooks.
 
 The journal is also the call's ``OperatorObserver`` (``operators.py``): it keeps the tensors
-the call's operators wrote, and those they read among the checker's named state; when the
-call returns, ``finish`` writes every context attribute whose value covers memory written
+the call's operators wrote, and those they read among the checker's named state; a write
+of that state is judged before the operator runs (``writing``), so a race on the weights is
+reported before it changes what another task computes; when the call returns, ``finish`` writes every context attribute whose value covers memory written
 (``inplace.attributes_meeting``: an alias, a view, the batch under another name), every
 attribute whose container the call changed, and hands the state's reads and writes to the
 checker. A read of an attribute the context lacks goes to the checker first
@@ -31,7 +32,7 @@ import torch
 from .access import DELETE, MUTATE, READ, WRITE
 from .generators import GeneratorKey
 from .inplace import WATCHED, ValueWatch, attributes_meeting
-from .memory import Region, regions_of
+from .memory import Region, region_of, regions_of, storage_key
 from .operators import OperatorObserver
 from ..plan.context import IterContext
 from ..shortcut.recording import JOURNAL_SLOT, Journal, RecordingView
@@ -125,6 +126,19 @@ class CheckedJournal(Journal, OperatorObserver):
     def drew(self, key: GeneratorKey) -> None:
         """A draw by an operator of this call: log it with the checker."""
         self.checker._draw(key, self.unit)
+
+    warns_before_writes = True
+
+    def writing(self, tensors: List[torch.Tensor]) -> None:
+        """Before an operator writes ``tensors``: a write of the named state (the weights, their gradients, the
+        optimizer's state) is judged now, not when the call returns, so that a race on it raises before the write
+        lands: were it judged after, another task that reads those weights (a backward whose graph saved them)
+        could fail first with a message about the symptom."""
+        storages = self.checker._named_storages
+        if storages:
+            regions = [region_of(t) for t in tensors if storage_key(t) in storages]
+            if regions:
+                self.checker._state(self.unit, [], [r for r in regions if r is not None])
 
     def wrote(self, tensor: torch.Tensor) -> None:
         if self.written is None:

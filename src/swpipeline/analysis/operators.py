@@ -3,7 +3,9 @@
 ``OperatorObserver`` is a ``TorchDispatchMode`` that hands each operator call's
 
 * written tensors to ``wrote(tensor)``: the arguments its schema marks as written (in place,
-  ``out=``), after the operator ran;
+  ``out=``), after the operator ran; and, where ``warns_before_writes`` is set, to
+  ``writing(tensors)``, all at once, before it runs (the race checker judges a write of the weights there,
+  so that a race it reports has not yet changed what another task computes);
 * read tensors to ``read_tensor(tensor)``: the arguments its schema does not mark as aliased, every
   one or (``reads_of``) only those whose storage is in a given set. An argument the result
   aliases without writing it (``t``, ``view``, ``detach``) is a view: no data is touched, so
@@ -82,6 +84,8 @@ class OperatorObserver(TorchDispatchMode):
             for tensor in _tensors(args, kwargs, reads):
                 if storage_key(tensor) in watched:
                     self.read_tensor(tensor)
+        if writes and self.warns_before_writes:
+            self.writing(list(_tensors(args, kwargs, writes)))
         result = func(*args, **kwargs)
         if writes:
             for tensor in _tensors(args, kwargs, writes):
@@ -100,6 +104,11 @@ class OperatorObserver(TorchDispatchMode):
 
     def read_tensor(self, tensor: torch.Tensor) -> None:
         """An operator read ``tensor`` (one whose storage is in ``reads_of``, unless that is None)."""
+
+    warns_before_writes = False  # whether ``writing`` is called before an operator writes
+
+    def writing(self, tensors: List[torch.Tensor]) -> None:
+        """An operator is about to write ``tensors`` (only if ``warns_before_writes``); raising here stops it."""
 
     def wrote(self, tensor: torch.Tensor) -> None:
         """An operator wrote ``tensor`` (in place or ``out=``)."""

@@ -1,0 +1,88 @@
+"""Ctrl-C under torchrun stops every rank, each inside its step, and leaves no process behind.
+
+In a terminal, Ctrl-C reaches torchrun (its ranks run in sessions of their own); torchrun
+passes the interrupt on to every rank. Each rank of ``torchrun_interrupted.py`` is stepping
+when it comes, so it lands inside ``step()``: every rank must stop with KeyboardInterrupt,
+its pipeline threads joined (each says so: a rank that torchrun had to kill, 30 s after the
+interrupt, would say nothing), and every process must be gone.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parent.parent / "src"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _descendants(pid: int) -> List[int]:
+    children: dict = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":  # a zombie has ended; only its parent's wait is missing
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_ctrl_c_under_torchrun_stops_every_rank_and_leaves_nothing() -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p),
+               OMP_NUM_THREADS="1")
+    args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+            "--master_port", str(_free_port()), str(HERE / "torchrun_interrupted.py")]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: List[str] = []
+    ranks: List[int] = []
+    try:
+        selector = selectors.DefaultSelector()
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + 120
+        while sum("stepping" in line for line in lines) < 2:  # both ranks inside their loop of steps
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+            if selector.select(timeout=1):
+                lines.append(proc.stdout.readline())
+        ranks = _descendants(proc.pid)
+        assert ranks, "torchrun started no process"
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal does: torchrun gets it
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            for pid in [proc.pid, *_descendants(proc.pid)]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.communicate(timeout=30)
+    out = "".join(lines) + rest
+    for rank in (0, 1):
+        assert f"rank {rank} stopped: KeyboardInterrupt; pipeline threads left: []" in out, out
+    assert proc.returncode != 0, out
+    assert [pid for pid in ranks if _alive(pid)] == [], out
