@@ -10,12 +10,12 @@ interrupt, would say nothing), and every process must be gone.
 from __future__ import annotations
 
 import os
-import selectors
+import queue
 import signal
 import socket
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 from typing import List
 
@@ -59,20 +59,22 @@ def test_ctrl_c_under_torchrun_stops_every_rank_and_leaves_nothing() -> None:
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
             "--master_port", str(_free_port()), str(HERE / "torchrun_interrupted.py")]
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: List[str] = []
+    lines: "queue.Queue[str]" = queue.Queue()
+    seen: List[str] = []
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True)
+    reader.start()
     ranks: List[int] = []
     try:
-        selector = selectors.DefaultSelector()
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + 120
-        while sum("stepping" in line for line in lines) < 2:  # both ranks inside their loop of steps
-            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
-            if selector.select(timeout=1):
-                lines.append(proc.stdout.readline())
+        while sum("stepping" in line for line in seen) < 2:  # both ranks inside their loop of steps
+            try:
+                seen.append(lines.get(timeout=120))
+            except queue.Empty:
+                raise AssertionError("the ranks did not start stepping in 120 s:\n" + "".join(seen)) from None
         ranks = _descendants(proc.pid)
         assert ranks, "torchrun started no process"
         proc.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal does: torchrun gets it
-        rest, _ = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
+        reader.join(timeout=30)
     finally:
         if proc.poll() is None:
             for pid in [proc.pid, *_descendants(proc.pid)]:
@@ -80,8 +82,10 @@ def test_ctrl_c_under_torchrun_stops_every_rank_and_leaves_nothing() -> None:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            proc.communicate(timeout=30)
-    out = "".join(lines) + rest
+            proc.wait(timeout=30)
+    while not lines.empty():
+        seen.append(lines.get())
+    out = "".join(seen)
     for rank in (0, 1):
         assert f"rank {rank} stopped: KeyboardInterrupt; pipeline threads left: []" in out, out
     assert proc.returncode != 0, out
