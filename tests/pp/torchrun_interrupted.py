@@ -1,9 +1,10 @@
 """Run under torchrun by test_pp_torchrun.py: steps of Schedule1F1B forever, until Ctrl-C.
 
 Each rank prints ``rank R stepping`` once its first step is done, then steps on (each
-forward made slow, so the interrupt lands inside a step). On KeyboardInterrupt it prints
-``rank R stopped: <error type>; pipeline threads left: [...]`` and exits with 130; any other
-error ends it with 1.
+forward made slow, so the interrupt lands inside a step). On KeyboardInterrupt, or the
+PipelineRankError of a peer's interrupt that reached it first, it prints ``rank R stopped:
+<error type>[ from rank P's <its error type>]; pipeline threads left: [...]`` and exits with
+130; any other error ends it with 1.
 """
 
 import sys
@@ -33,9 +34,10 @@ def main():
             steps += 1
             if steps == 1:
                 print(f"rank {rank} stepping", flush=True)
-    except KeyboardInterrupt as exc:
+    except (KeyboardInterrupt, pp.PipelineRankError) as exc:  # its own interrupt, or its peer's, come first
         left = [t.name for t in threading.enumerate() if t.name.startswith("swp-")]
-        print(f"rank {rank} stopped: {type(exc).__name__}; pipeline threads left: {left}", flush=True)
+        cause = f" from rank {exc.rank}'s {exc.error.split(':')[0]}" if isinstance(exc, pp.PipelineRankError) else ""
+        print(f"rank {rank} stopped: {type(exc).__name__}{cause}; pipeline threads left: {left}", flush=True)
         sys.exit(130)
 
 

@@ -277,7 +277,11 @@ class Transport:
     def _post(self, tensor: torch.Tensor, peer: int, message_tag: int) -> None:
         """Post one send; its handle is kept (dropping a pending send cancels it). Called under the lock."""
         tensor = tensor.to(self.device)
-        self._works.append((dist.isend(tensor, group=self._to(peer), group_dst=peer, tag=message_tag), tensor, peer))
+        try:
+            work = dist.isend(tensor, group=self._to(peer), group_dst=peer, tag=message_tag)
+        except RuntimeError as exc:  # the connection is closed: the peer exited (not this rank's own failure)
+            raise self._lost(peer, "sending to it", exc) from None
+        self._works.append((work, tensor, peer))
 
     # -- receiving --------------------------------------------------------------------------------
 
@@ -350,16 +354,19 @@ class Transport:
         except RuntimeError as exc:
             if self.failure is silent or "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
                 raise self.fail(silent).error_for(self.rank) from None
-            first = str(exc).splitlines()[0][:300]
-            raise PipelineRankError(
-                f"rank {self.rank} lost rank {peer} while waiting for {what}: {first} (rank {peer} probably failed "
-                f"or exited: its own output says why)", rank=peer, stage=None, microbatch=None, action=None,
-                error=first) from None
+            raise self._lost(peer, f"waiting for {what}", exc) from None
         finally:
             if token is not None:
                 self._watchdog.done(token)
         if self.failure is silent:  # it came, but after the deadline: the others were told already
             raise silent.error_for(self.rank)
+
+    def _lost(self, peer: int, doing: str, exc: BaseException) -> PipelineRankError:
+        """The connection to ``peer`` broke: the peer exited (or its process group is gone)."""
+        first = str(exc).splitlines()[0][:300]
+        return PipelineRankError(f"rank {self.rank} lost rank {peer} while {doing}: {first} (rank {peer} probably "
+                                 f"failed or exited: its own output says why)", rank=peer, stage=None, microbatch=None,
+                                 action=None, error=first)
 
     def _report_silent(self, silent: Failure) -> None:
         """The watchdog found a wait past its deadline: tell every rank while the connections still work."""
