@@ -16,7 +16,8 @@ Everything else (``vars(ctx)``, deletes, draws) goes through the journal's hooks
 The journal is also the call's ``OperatorObserver`` (``operators.py``): it keeps the tensors
 the call's operators wrote, and those they read among the checker's named state; a write
 of that state is judged before the operator runs (``writing``), so a race on the weights is
-reported before it changes what another task computes; when the call returns, ``finish`` writes every context attribute whose value covers memory written
+reported before it changes what another task computes. When the call returns, ``finish``
+writes every context attribute whose value covers memory written
 (``inplace.attributes_meeting``: an alias, a view, the batch under another name), every
 attribute whose container the call changed, and hands the state's reads and writes to the
 checker. A read of an attribute the context lacks goes to the checker first
