@@ -23,6 +23,28 @@ import traceback
 from typing import Any, Callable, Dict, List
 
 
+def descendants(pid: int) -> List[int]:
+    """The live processes started, directly or not, by process ``pid`` (read from /proc; none elsewhere). torchrun's
+    ranks run in sessions of their own, so they are found by parentage. A zombie (ended, its parent's wait missing)
+    is not counted."""
+    from pathlib import Path
+
+    children: Dict[int, List[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -11,13 +11,14 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
 import pytest
+
+from dist_harness import descendants, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -37,29 +38,6 @@ TIMEOUT_S = 120.0
 TWO_RANKS_TIMEOUT_S = 150.0  # two interpreters importing TorchRec on a 2-core machine
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _descendants(pid: int) -> List[int]:
-    """The processes started, directly or not, by process ``pid`` (read from /proc; none elsewhere)."""
-    children: Dict[int, List[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # ended meanwhile
-        children.setdefault(parent, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def _run(args: List[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     """Run ``args`` with this checkout's src/ first on the path; on timeout kill it and what it started, and fail."""
     env = dict(os.environ)
@@ -68,7 +46,7 @@ def _run(args: List[str], cwd: Path, timeout: float) -> subprocess.CompletedProc
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        started = _descendants(proc.pid)  # torchrun's ranks run in sessions of their own: found by parentage
+        started = descendants(proc.pid)  # torchrun's ranks run in sessions of their own: found by parentage
         for pid in [proc.pid, *started]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -105,7 +83,7 @@ def test_example_runs(name: str, tmp_path: Path) -> None:
         if name in NEEDS:
             pytest.importorskip(NEEDS[name], reason=f"examples/{name} needs {NEEDS[name]}, which cannot be imported")
         args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-                "--master_port", str(_free_port()), str(EXAMPLES / name)]
+                "--master_port", str(free_port()), str(EXAMPLES / name)]
         _check(_run(args, ROOT, TWO_RANKS_TIMEOUT_S), TWO_RANKS[name], count=2)  # one line per rank
     else:
         assert name in SINGLE_PROCESS, f"add examples/{name} to SINGLE_PROCESS in tests/test_examples.py"

@@ -22,7 +22,6 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,31 +30,10 @@ from typing import List
 
 import pytest
 
+from dist_harness import descendants, free_port
+
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent.parent / "src"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _descendants(pid: int) -> List[int]:
-    children: dict = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z":  # a zombie has ended; only its parent's wait is missing
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def _alive(pid: int) -> bool:
@@ -70,7 +48,7 @@ def test_ctrl_c_under_torchrun_stops_every_rank_and_leaves_nothing() -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p),
                OMP_NUM_THREADS="1")
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-            "--master_port", str(_free_port()), str(HERE / "torchrun_interrupted.py")]
+            "--master_port", str(free_port()), str(HERE / "torchrun_interrupted.py")]
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: "queue.Queue[str]" = queue.Queue()
     seen: List[str] = []
@@ -83,14 +61,14 @@ def test_ctrl_c_under_torchrun_stops_every_rank_and_leaves_nothing() -> None:
                 seen.append(lines.get(timeout=120))
             except queue.Empty:
                 raise AssertionError("the ranks did not start stepping in 120 s:\n" + "".join(seen)) from None
-        ranks = _descendants(proc.pid)
+        ranks = descendants(proc.pid)
         assert ranks, "torchrun started no process"
         proc.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal does: torchrun gets it
         proc.wait(timeout=60)
         reader.join(timeout=30)
     finally:
         if proc.poll() is None:
-            for pid in [proc.pid, *_descendants(proc.pid)]:
+            for pid in [proc.pid, *descendants(proc.pid)]:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
