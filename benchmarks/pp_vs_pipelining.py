@@ -24,8 +24,9 @@ Columns (median over ``--rounds`` rounds of ``--steps`` timed steps, after 3 war
     ``vs torch``: torch's ms/step over this one's (above 1: faster than torch);
     ``exact``: this library's gradients after one step equal the one-process model's bit for bit;
     ``simulated``: ``swpipeline.pp.simulate``'s ms/step for the schedule, given the stage costs that
-    ``measure()`` took from five GPipe steps (and its error against the measured ms/step): the
-    single-stage schedules only (the costs are of one stage per rank).
+    ``measure()`` took from three GPipe steps after each round's timed steps (the median over the
+    rounds, and its error against the measured ms/step): the single-stage schedules only (the costs
+    are of one stage per rank).
 
 Run: ``python benchmarks/pp_vs_pipelining.py`` (about a minute on 2 cores). The ranks share the
 machine's cores: on a 2-core machine 2 ranks have one core each at best, so say so beside
@@ -217,13 +218,23 @@ def measure_model(model: str, rank: int, world: int, args: argparse.Namespace) -
         gathered: List[Any] = [None] * world
         dist.all_gather_object(gathered, saved.peak / 2**20)
         peak[v] = gathered
-    costs = None
-    if ("ScheduleGPipe", "swpipeline") in built:  # what the simulator is given: one GPipe step, measured
+    measured = ("ScheduleGPipe", "swpipeline") in built and SCHEDULES["ScheduleGPipe"] == 1
+    predicted: Dict[Tuple[str, str], List[float]] = {}
+
+    def predict() -> None:
+        """The simulator's ms/step for each single-stage schedule, from three GPipe steps measured now (so that the
+        prediction sees the load the timed steps of this round see)."""
+        from swpipeline.pp import simulate
+
         schedule, modules = built[("ScheduleGPipe", "swpipeline")]
         for m in modules.values():
             m.zero_grad(set_to_none=True)
         first, last = 0 in modules, world - 1 in modules
-        costs = schedule.measure(*((x,) if first else ()), steps=5, **({"target": y} if last else {}))
+        costs = schedule.measure(*((x,) if first else ()), steps=3, **({"target": y} if last else {}))
+        for name in args.schedules:
+            if SCHEDULES[name] == 1:  # costs of one stage per rank: the interleaved schedules split them again
+                predicted.setdefault((name, "swpipeline"), []).append(simulate(name, world, n, x.shape[0], costs))
+
     times: Dict[Tuple[str, str], List[float]] = {v: [] for v in variants}
     for _ in range(args.rounds):
         for v in variants:
@@ -233,14 +244,9 @@ def measure_model(model: str, rank: int, world: int, args: argparse.Namespace) -
                 step(v)
             dist.barrier()
             times[v].append((time.perf_counter() - start) / args.steps * 1e3)
-    simulated: Dict[Tuple[str, str], float] = {}
-    if costs is not None:
-        from swpipeline.pp import simulate
-
-        if SCHEDULES["ScheduleGPipe"] == 1:  # costs of one stage per rank: the interleaved ones split them again
-            for name in args.schedules:
-                if SCHEDULES[name] == 1:
-                    simulated[(name, "swpipeline")] = simulate(name, world, n, x.shape[0], costs)
+        if measured:
+            predict()
+    simulated = {v: statistics.median(values) for v, values in predicted.items()}
     return {"model": model, "single": single, "times": times, "peak": peak, "exact": exact, "simulated": simulated}
 
 

@@ -15,6 +15,7 @@ import torch
 
 from dist_harness import run_on_ranks
 from swpipeline.pp import StageCosts, autoplan, simulate
+from swpipeline.pp.planner import costs_from_timelines
 from test_pp_support import loss_fn, make_batch, make_model, stage_module
 
 
@@ -33,6 +34,25 @@ def test_simulate_gives_the_pipeline_s_closed_form(ranks: int, schedule: str) ->
         assert simulate(schedule, ranks, n, 64, costs) == pytest.approx((n + ranks - 1) * 3 * rows / 8)
     assert simulate(schedule, ranks, 8, 64, _costs(stages=ranks, step_ms=1.5)) == pytest.approx(
         (8 + ranks - 1) * 3 + 1.5)
+
+
+def test_a_send_costs_its_rank_send_ms_on_the_path_of_what_it_carries() -> None:
+    # one microbatch of 64 rows on 2 ranks: F0 (8), send, F1 (8), B1 (16), send, B0 (16): two sends on the path
+    for schedule in ("ScheduleGPipe", "Schedule1F1B"):
+        assert simulate(schedule, 2, 1, 64, _costs(send_ms=0.25)) == pytest.approx(48 + 2 * 0.25)
+    # eight microbatches: GPipe's path holds all 16 sends (rank 0's forwards, each followed by its send, then rank 1's
+    # backwards, each followed by its send); in 1F1B rank 0 sends while it waits for a gradient, so fewer weigh
+    gpipe, one_f_one_b = (simulate(s, 2, 8, 64, _costs(send_ms=1.0)) - simulate(s, 2, 8, 64, _costs())
+                          for s in ("ScheduleGPipe", "Schedule1F1B"))
+    assert gpipe == pytest.approx(16.0) and 0 < one_f_one_b < gpipe
+
+
+def test_measure_reads_what_a_send_cost_from_the_timelines() -> None:
+    durations = [{"0F0": [1.0], "0B0": [2.0], "0SEND_F0": [0.3, 0.1, 0.2], "0RECV_B0": [0.05]},
+                 {"1F0": [1.5], "1B0": [2.5], "1SEND_B0": [0.4], "1RECV_F0": [0.07]}]
+    costs = costs_from_timelines(durations, 2, rows=8, step_ms=0.0)
+    assert (costs.forward_ms, costs.backward_ms, costs.send_ms, costs.message_ms) == ((1.0, 1.5), (2.0, 2.5), 0.3,
+                                                                                      0.05)
 
 
 def test_autoplan_weighs_the_bubble_against_the_cost_of_each_action() -> None:

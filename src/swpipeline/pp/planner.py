@@ -7,7 +7,8 @@ units as the check proves them (``check.paper_times``), each compute action cost
 
     fixed_ms + (measured_ms - fixed_ms) * rows / measured_rows       (a microbatch of ``rows`` rows)
 
-a received message ``message_ms`` (its way between the ranks and its taking), plus ``step_ms``
+a received message ``message_ms`` (its way between the ranks and its taking), a sent one ``send_ms`` on the
+sending rank (packing and posting it), plus ``step_ms``
 per step for what surrounds the actions (starting and joining the step's threads, HELLO and
 DONE). ``autoplan`` simulates every
 candidate and returns the fastest. The split backward costs ``input_share`` of a full
@@ -40,6 +41,7 @@ class StageCosts:
         rows: the microbatch size they were measured at.
         fixed_ms: the part of every action that does not grow with the rows (the engine's, Python's).
         message_ms: what one message adds to the path it is on: its way between the ranks, and taking it.
+        send_ms: what sending one message costs the sending rank's compute thread (packing and posting it).
         step_ms: what a step costs besides its actions (its threads, its start and end).
         input_share: the share of a backward that its input-gradient half (I) takes.
     """
@@ -50,6 +52,7 @@ class StageCosts:
     fixed_ms: float = 0.05
     message_ms: float = 0.1
     step_ms: float = 0.5
+    send_ms: float = 0.0
     input_share: float = 0.5
 
     def action_ms(self, kind: str, stage: int, rows: float) -> float:
@@ -101,7 +104,9 @@ def simulate_orders(rank_orders: RankOrders, num_ranks: int, n_microbatches: int
     def cost(unit: Unit) -> float:
         if unit.action is not None:
             return costs.action_ms(unit.action.kind.value, unit.action.stage, rows[unit.action.microbatch])
-        return costs.message_ms if unit.role == "recv" and unit.message is not None else 0.0
+        if unit.message is None:
+            return 0.0
+        return costs.message_ms if unit.role == "recv" else costs.send_ms
 
     times = paper_times({rank: units_of_rank(work, rank) for rank in range(num_ranks)}, cost)
     return max(end for _, end in times.values()) + costs.step_ms
@@ -129,12 +134,16 @@ def costs_from_timelines(durations: Sequence[Dict[str, List[float]]], num_stages
     backward: Dict[int, List[float]] = {}
     split: Dict[int, List[float]] = {}
     messages: List[float] = []
+    sends: List[float] = []
     for per_rank in durations:
         for name, values in per_rank.items():
             if "RECV" in name:
                 messages += values
                 continue
-            if "SEND" in name or not name[:1].isdigit():
+            if "SEND" in name:
+                sends += values
+                continue
+            if not name[:1].isdigit():
                 continue
             stage = int(name[:len(name) - len(name.lstrip("0123456789"))])
             kind = name.lstrip("0123456789")[:1]
@@ -153,4 +162,5 @@ def costs_from_timelines(durations: Sequence[Dict[str, List[float]]], num_stages
     # a receive whose message is there already costs the least: what taking one costs
     return StageCosts(tuple(median(forward[s]) for s in range(num_stages)),
                       tuple(median(backward[s]) for s in range(num_stages)), rows,
-                      message_ms=min(messages) if messages else 0.1, step_ms=max(step_ms, 0.0))
+                      message_ms=min(messages) if messages else 0.1, step_ms=max(step_ms, 0.0),
+                      send_ms=median(sends) if sends else 0.0)

@@ -136,25 +136,29 @@ class PipelineSchedule:
         recorded, and return what every stage's forward and backward of one microbatch took: the costs that
         ``swpipeline.pp.simulate`` and ``autoplan`` take. Call it on every rank, like ``step()``.
 
-        The costs are medians over the steps; ``message_ms`` is what taking a received message costs plus a
-        message's way between two ranks (ranks 0 and 1 time it); ``step_ms`` is what a step took beyond its
-        actions on paper.
+        The costs are medians over the steps (each started by every rank together; one more traced step first,
+        not counted, sets the timeline up); ``message_ms`` is what taking a received message costs plus a
+        message's way between two ranks (ranks 0 and 1 time it); ``send_ms`` what packing and posting one costs
+        its sender; ``step_ms`` is what a step took beyond its actions on paper.
         """
         durations: Dict[str, List[float]] = {}
         walls: List[float] = []
-        for _ in range(max(int(steps), 1)):
+        group = self._stages[0].group
+        for k in range(max(int(steps), 1) + 1):  # the first traced step sets the timeline up: not counted
+            dist.barrier(group=group)  # every rank starts the step together: its wall is the step's, not a wait
             start = time.perf_counter()
             self._step(True, args, kwargs, target, None, False, trace=True)
-            walls.append((time.perf_counter() - start) * 1e3)
-            for name, values in self._runner(True).durations().items():
-                durations.setdefault(name, []).extend(values)
+            if k:
+                walls.append((time.perf_counter() - start) * 1e3)
+                for name, values in self._runner(True).durations().items():
+                    durations.setdefault(name, []).extend(values)
         latency = 0.0  # a message's way from one rank to the next: ranks 0 and 1 time it for everyone
         if self.num_ranks > 1 and self.rank < 2:
             latency = self._transport.one_way_ms(1 - self.rank)
         mine = (durations, sorted(walls)[len(walls) // 2], args[0].shape[0] if self._has_first and args else 0,
                 latency)
         gathered: List[Any] = [None] * self.num_ranks
-        dist.all_gather_object(gathered, mine, group=self._stages[0].group)
+        dist.all_gather_object(gathered, mine, group=group)
         batch = max(g[2] for g in gathered)
         costs = costs_from_timelines([g[0] for g in gathered], self.num_stages, max(batch // self._n_microbatches, 1),
                                      0.0)
