@@ -7,10 +7,11 @@ when it comes, so it lands inside ``step()``: every rank must stop with Keyboard
 its pipeline threads joined (each says so: a rank that torchrun had to kill, 30 s after the
 interrupt, would say nothing), and every process must be gone.
 
-Marked slow, so kept out of the default run: with both ranks interrupted at once on a loaded
-2-core machine (two busy processes beside it), about 1 run in 25 leaves one rank's receive of
-its peer's end of step waiting, although the peer sent its failure in its place and exited:
-that rank's step raises after 5 s with the thread named, and the process exits. Cutting the
+Marked slow, so kept out of the default run: with both ranks interrupted at once, now and then
+(1 run of 8 on a quiet 2-core machine, 1 of 25 with two busy processes beside it, 3 of 30 with
+more output) one rank's receive of its peer's end of step is left waiting, although the peer
+sent its failure in its place and exited: that rank's step raises after 5 s with the thread
+named, and the process exits. Cutting the
 wait by closing the connection (a receive that times out on gloo closes it) ended those
 waits, but made 1 exit in 25 abort in gloo ("terminate called without an active
 exception"), so it was not kept. Every other run here is as asserted.
@@ -43,7 +44,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.slow  # about 1 run in 25 on a loaded 2-core machine leaves a thread 5 s (see the module docstring)
+@pytest.mark.slow  # now and then a rank leaves a thread 5 s (see the module docstring)
 def test_ctrl_c_under_torchrun_stops_every_rank_and_leaves_nothing() -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p),
                OMP_NUM_THREADS="1")
