@@ -8,7 +8,7 @@ its pipeline threads joined (each says so: a rank that torchrun had to kill, 30 
 interrupt, would say nothing), and every process must be gone.
 
 Marked slow, so kept out of the default run: with both ranks interrupted at once, now and then
-(1 run of 8 on a quiet 2-core machine, 1 of 25 with two busy processes beside it, 3 of 30 with
+(1 run of 8 on a quiet 2-core machine, 1 of 25 with two busy processes beside it, 13 of 80 with
 more output) one rank's receive of its peer's end of step is left waiting, although the peer
 sent its failure in its place and exited: that rank's step raises after 5 s with the thread
 named, and the process exits. Cutting the
