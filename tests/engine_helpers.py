@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 from hypothesis import strategies as st
 
-from swpipeline import IterContext, PipelinePlan, PipelineTask, TaskSchedule
+from swpipeline import DeclaredIO, IterContext, PipelinePlan, PipelineTask, TaskSchedule
 
 Event = Tuple[str, str, int, str]  # (kind, task, iter, thread name)
 
@@ -77,6 +77,24 @@ def check_dependencies(log: ExecLog, plan: PipelinePlan, num_iters: int) -> int:
                         f"{task}({it}) started before {dep}({it - back}) ended"
                     checked += 1
     return checked
+
+
+Fn = Callable[[IterContext], Any]
+Spec = Dict[str, Tuple[int, Optional[str], str, Fn]]  # name -> (stage, stream, thread group, fn)
+Pairs = Sequence[Tuple[str, str]]
+
+
+def schedule_of(spec: Spec, io: Optional[Dict[str, List[DeclaredIO]]] = None) -> Dict[PipelineTask, TaskSchedule]:
+    """The tasks of ``{name: (stage, stream, thread_group, fn)}`` (with their declared I/O, if given)."""
+    io = io or {}
+    return {PipelineTask(name, fn, io.get(name, [])): TaskSchedule(stage=stage, stream=stream, thread_group=group)
+            for name, (stage, stream, group, fn) in spec.items()}
+
+
+def plan_of(spec: Spec, intra: Pairs = (), inter: Pairs = (), io: Optional[Dict[str, List[DeclaredIO]]] = None
+            ) -> PipelinePlan:
+    """A plan of the tasks of ``{name: (stage, stream, thread_group, fn)}``."""
+    return PipelinePlan(schedule_of(spec, io), list(intra), list(inter))
 
 
 def make_plan(log: ExecLog, spec: Dict[str, Tuple[int, Any, str]], intra: Sequence[Tuple[str, str]] = (),

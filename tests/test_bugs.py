@@ -11,23 +11,18 @@ import copy
 import gc
 import pickle
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 import torch
 
-from engine_helpers import ExecLog, MakePipe, make_plan, on_new_thread, progress_until_stop, swp_threads
+from engine_helpers import (ExecLog, Fn, MakePipe, make_plan, on_new_thread, plan_of, progress_until_stop,
+                            swp_threads)
+from inplace_job import INPLACE_RACE, InPlace
 from swpipeline import (DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, RaceChecker, RaceError, SWPipeline,
                         TaskSchedule, WeightVersions, analyze)
 from swpipeline.shortcut.recording import Journal, RecordingView
 
-Fn = Callable[[IterContext], Any]
-Spec = Dict[str, Tuple[int, Optional[str], str, Fn]]  # name -> (stage, stream, thread group, fn)
-
-
-def plan_of(spec: Spec, intra: Sequence[Tuple[str, str]] = ()) -> PipelinePlan:
-    return PipelinePlan({PipelineTask(name, fn): TaskSchedule(stage=stage, stream=stream, thread_group=group)
-                         for name, (stage, stream, group, fn) in spec.items()}, list(intra))
 
 
 # -- 1. autocast's weight cache, one for the whole process -------------------------------------------------------
@@ -111,31 +106,6 @@ def test_the_serial_run_casts_each_weight_as_it_is_when_used() -> None:
 
 
 # -- 2. the race checker blamed the reader for another thread's change ----------------------------------------
-
-
-class InPlace:
-    """A writes ctx.x, B doubles it in place, C (another thread group) reads it: serially [0, 6, 12, 18]."""
-
-    def __init__(self) -> None:
-        self.seen: List[int] = []
-
-    def a(self, ctx: IterContext) -> None:
-        ctx.x = torch.tensor(3 * ctx.iter_idx)
-
-    def b(self, ctx: IterContext) -> None:
-        ctx.x.mul_(2)
-
-    def c(self, ctx: IterContext) -> None:
-        self.seen.append(int(ctx.x))
-
-    def spec(self) -> Spec:
-        return {"A": (0, "prep", "prep", self.a), "B": (1, None, "default", self.b),
-                "C": (1, "side", "side", self.c)}
-
-
-INPLACE_RACE = ("race on ctx.x: 'C' (iteration 0) reads ctx.x, which 'B' (iteration 0) changes in place, and no "
-                "declared dependency orders the two (a serial run runs 'B' first): add (\"C\", \"B\") to "
-                "intra_iter_deps")
 
 
 @pytest.mark.parametrize("reader_returns", ["first", "last"])

@@ -9,28 +9,18 @@ swpipeline.torchrec plan on its 2-rank model) report no missing dependency.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import pytest
 import torch
 
+from engine_helpers import Fn, Spec, plan_of
 import seed_plans
 from swpipeline import DeclaredIO, IterContext, PipelinePlan, PipelineTask, TaskSchedule
 from swpipeline import PlanAnalysis, analyze
 from swpipeline.cli.demo import DemoConfig, TrainingJob, make_raw_batch
 from swpipeline.devices.device import resolve_device
 
-Fn = Callable[[IterContext], Any]
-Spec = Dict[str, Tuple[int, Optional[str], str, Fn]]  # name -> (stage, stream, thread group, fn)
-Pairs = Sequence[Tuple[str, str]]
-
-
-def plan_of(spec: Spec, intra: Pairs = (), inter: Pairs = (), io: Optional[Dict[str, List[DeclaredIO]]] = None
-            ) -> PipelinePlan:
-    io = io or {}
-    schedule = {PipelineTask(name, fn, io.get(name, [])): TaskSchedule(stage=stage, stream=stream, thread_group=group)
-                for name, (stage, stream, group, fn) in spec.items()}
-    return PipelinePlan(schedule, list(intra), list(inter))
 
 
 def pairs(entries: Sequence[Tuple[str, str, str, str]]) -> List[Tuple[str, str, str]]:

@@ -17,22 +17,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import pytest
 import torch
 
-from swpipeline import IterContext, PipelinePlan, PipelineTask, RaceChecker, RaceError, SWPipeline, TaskSchedule
+from engine_helpers import Fn, Spec, plan_of
+from swpipeline import IterContext, PipelinePlan, RaceChecker, RaceError, SWPipeline
 from swpipeline import analyze
 from test_shared_state import CALLER, ENGINES, engine
 
-Fn = Callable[[IterContext], Any]
-Spec = Dict[str, Tuple[int, Optional[str], str, Fn]]
-
-
-def plan_of(spec: Spec, intra: Sequence[Tuple[str, str]] = (), inter: Sequence[Tuple[str, str]] = ()) -> PipelinePlan:
-    return PipelinePlan({PipelineTask(name, fn): TaskSchedule(stage=stage, stream=stream, thread_group=group)
-                         for name, (stage, stream, group, fn) in spec.items()}, list(intra), list(inter))
 
 
 # -- weights --------------------------------------------------------------------------------------------------------

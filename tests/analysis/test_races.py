@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Tuple
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine_helpers import valid_plans
-from swpipeline import DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, SWPipeline, TaskSchedule
+from engine_helpers import Fn, plan_of, valid_plans
+from swpipeline import DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, SWPipeline
 from swpipeline import RaceChecker, RaceError
 from swpipeline.analysis.races import HappensBefore, Placement
 
@@ -24,14 +24,6 @@ from swpipeline.analysis.races import HappensBefore, Placement
 # Plans here put several thread groups on one stream on purpose (the turns are what is tested).
 pytestmark = pytest.mark.filterwarnings("ignore::swpipeline.SharedStreamWarning")
 
-Fn = Callable[[IterContext], Any]
-Spec = Dict[str, Tuple[int, Optional[str], str, Fn]]  # name -> (stage, stream, thread group, fn)
-
-
-def plan_of(spec: Spec, intra: Sequence[Tuple[str, str]] = (), inter: Sequence[Tuple[str, str]] = ()) -> PipelinePlan:
-    schedule = {PipelineTask(name, fn): TaskSchedule(stage=stage, stream=stream, thread_group=group)
-                for name, (stage, stream, group, fn) in spec.items()}
-    return PipelinePlan(schedule, list(intra), list(inter))
 
 
 def checked(plan: PipelinePlan, strict: bool = False) -> Tuple[PipelinePlan, RaceChecker]:

@@ -22,24 +22,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import pytest
 import torch
 
-from swpipeline import DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, RaceError, SWPipeline, TaskSchedule
+from engine_helpers import Fn, Spec, plan_of, schedule_of
+from inplace_job import INPLACE_RACE, InPlace
+from swpipeline import DataFlowPipeline, IterContext, PipelinePlan, PipelineTask, RaceError, SWPipeline
 from swpipeline import RaceChecker, analyze, infer_deps
 
-Fn = Callable[[IterContext], Any]
-Spec = Dict[str, Tuple[int, Optional[str], str, Fn]]  # name -> (stage, stream, thread group, fn)
-Pairs = Sequence[Tuple[str, str]]
 
 ENGINES = ["SWPipeline", "DataFlowPipeline"]
 CALLER = [("auto", "caller-runs-last-group"), (None, "every-group-on-a-worker")]
-
-
-def schedule_of(spec: Spec) -> Dict[PipelineTask, TaskSchedule]:
-    return {PipelineTask(name, fn): TaskSchedule(stage=stage, stream=stream, thread_group=group)
-            for name, (stage, stream, group, fn) in spec.items()}
-
-
-def plan_of(spec: Spec, intra: Pairs = (), inter: Pairs = ()) -> PipelinePlan:
-    return PipelinePlan(schedule_of(spec), list(intra), list(inter))
 
 
 def engine(kind: str, plan: PipelinePlan, caller: Any = "auto", **kwargs: Any) -> Any:
@@ -57,31 +47,6 @@ def missing(plan: PipelinePlan, batch: Any) -> List[Tuple[str, str, str, str]]:
 
 
 # -- values changed in place ------------------------------------------------------------------------------------
-
-
-class InPlace:
-    """A writes ctx.x, B doubles it in place, C (another thread group) reads it: serially [0, 6, 12, 18]."""
-
-    def __init__(self) -> None:
-        self.seen: List[int] = []
-
-    def a(self, ctx: IterContext) -> None:
-        ctx.x = torch.tensor(3 * ctx.iter_idx)
-
-    def b(self, ctx: IterContext) -> None:
-        ctx.x.mul_(2)
-
-    def c(self, ctx: IterContext) -> None:
-        self.seen.append(int(ctx.x))
-
-    def spec(self) -> Spec:
-        return {"A": (0, "prep", "prep", self.a), "B": (1, None, "default", self.b),
-                "C": (1, "side", "side", self.c)}
-
-
-INPLACE_RACE = ("race on ctx.x: 'C' (iteration 0) reads ctx.x, which 'B' (iteration 0) changes in place, and no "
-                "declared dependency orders the two (a serial run runs 'B' first): add (\"C\", \"B\") to "
-                "intra_iter_deps")
 
 
 def test_an_in_place_write_is_a_write_for_infer_deps_and_analyze() -> None:

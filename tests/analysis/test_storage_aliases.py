@@ -17,22 +17,16 @@ covers any of those bytes.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List
 
 import pytest
 import torch
 
-from swpipeline import IterContext, PipelinePlan, PipelineTask, RaceError, SWPipeline, TaskSchedule
+from engine_helpers import Spec, plan_of
+from swpipeline import IterContext, RaceError, SWPipeline
 from swpipeline import analyze, infer_deps
 from test_shared_state import CALLER, ENGINES, engine, names
 
-Fn = Callable[[IterContext], Any]
-Spec = Dict[str, Tuple[int, Optional[str], str, Fn]]
-
-
-def plan_of(spec: Spec, intra: Sequence[Tuple[str, str]] = ()) -> PipelinePlan:
-    return PipelinePlan({PipelineTask(name, fn): TaskSchedule(stage=stage, stream=stream, thread_group=group)
-                         for name, (stage, stream, group, fn) in spec.items()}, list(intra), [])
 
 
 class Aliased:
