@@ -42,6 +42,23 @@ def test_pack_and_unpack_round_trip() -> None:
     assert wire.read_header(wire.marker(wire.FAILED, [12], size=1024))[:2] == [wire.FAILED, 12]
 
 
+def test_layouts_in_turn_each_keep_their_own_header_and_offsets() -> None:
+    """Headers and offsets are kept per layout: packing another layout, or writing to a packed buffer, changes
+    neither."""
+    a = (torch.randn(8, 512),)
+    b = (torch.randn(2, 3), torch.arange(5, dtype=torch.int32))
+    layout_a, layout_b = wire.layout_of(a), wire.layout_of(b)
+    first = wire.pack(a, layout_a, torch.device("cpu"))
+    first[:wire.HEADER_BYTES].fill_(7)  # a packed buffer is the caller's: the kept header is untouched
+    for tensors, layout in [(b, layout_b), (a, layout_a), (b, layout_b)]:
+        buffer = wire.pack(tensors, layout, torch.device("cpu"))
+        assert wire.layout_from(wire.read_header(buffer)) == layout
+        assert buffer.numel() == wire.packed_size(layout)
+        assert all(torch.equal(x, y) for x, y in zip(tensors, wire.unpack(buffer, layout)))
+    assert wire.packed_size(layout_a) == wire.HEADER_BYTES + 8 * 512 * 4
+    assert wire.packed_size(layout_b) == wire.HEADER_BYTES + 64 + 64  # each tensor starts on a 64-byte boundary
+
+
 def test_unsendable_messages_are_refused_with_the_limits() -> None:
     with pytest.raises(TypeError, match="cannot send a tensor of dtype torch.uint16 between stages"):
         wire.layout_of((torch.zeros(2, dtype=torch.uint16),))

@@ -17,6 +17,7 @@ size before the message arrives and the data lands directly in it (``transport.p
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -29,6 +30,7 @@ ALIGN = 64
 DATA, FAILED, DONE, HELLO, CHANGED = 0, 1, 2, 3, 4
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
+ITEM_BYTES = tuple(torch.empty((), dtype=d).element_size() for d in DTYPES)
 NO_TENSOR = -1
 MAX_TENSORS = 15
 
@@ -56,20 +58,31 @@ def layout_of(tensors: Payload) -> Layout:
     return layout
 
 
-def _offsets(layout: Layout) -> Tuple[List[int], int]:
-    """Where each tensor starts in the buffer, and the buffer's size."""
+@lru_cache(maxsize=1024)
+def _offsets(layout: Layout) -> Tuple[Tuple[int, ...], int]:
+    """Where each tensor starts in the buffer, and the buffer's size (a step's layouts repeat: kept)."""
     at = HEADER_BYTES
     starts: List[int] = []
     for entry in layout:
         starts.append(at)
         if entry is not None:
-            code, shape = entry
-            count = 1
-            for d in shape:
-                count *= d
-            nbytes = count * torch.empty((), dtype=DTYPES[code]).element_size()
-            at += (nbytes + ALIGN - 1) // ALIGN * ALIGN
-    return starts, at
+            at += (_nbytes(entry) + ALIGN - 1) // ALIGN * ALIGN
+    return tuple(starts), at
+
+
+def _nbytes(entry: Tuple[int, Tuple[int, ...]]) -> int:
+    code, shape = entry
+    count = ITEM_BYTES[code]
+    for d in shape:
+        count *= d
+    return count
+
+
+@lru_cache(maxsize=1024)
+def _header(layout: Layout) -> torch.Tensor:
+    """The header of a message of ``layout``, as bytes (kept, like ``_offsets``: never written to)."""
+    values = header_values(layout)
+    return torch.tensor(values + [0] * (HEADER_LEN - len(values)), dtype=torch.int64).view(torch.uint8)
 
 
 def packed_size(layout: Layout) -> int:
@@ -97,8 +110,7 @@ def pack(tensors: Payload, layout: Layout, device: torch.device) -> torch.Tensor
     """The message's buffer: its header, then each tensor's bytes."""
     starts, size = _offsets(layout)
     buffer = torch.empty(size, dtype=torch.uint8, device=device)
-    values = header_values(layout)
-    buffer[:HEADER_BYTES].view(torch.int64).copy_(torch.tensor(values + [0] * (HEADER_LEN - len(values))))
+    buffer[:HEADER_BYTES].copy_(_header(layout))
     for t, start, entry in zip(tensors, starts, layout):
         if t is not None and entry is not None:
             buffer[start:start + t.numel() * t.element_size()].view(t.dtype).view(t.shape).copy_(t.detach())
@@ -114,12 +126,7 @@ def unpack(buffer: torch.Tensor, layout: Layout) -> Payload:
             out.append(None)
             continue
         code, shape = entry
-        dtype = DTYPES[code]
-        count = 1
-        for d in shape:
-            count *= d
-        nbytes = count * torch.empty((), dtype=dtype).element_size()
-        out.append(buffer[start:start + nbytes].view(dtype).view(shape))
+        out.append(buffer[start:start + _nbytes(entry)].view(DTYPES[code]).view(shape))
     return tuple(out)
 
 
