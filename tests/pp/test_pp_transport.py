@@ -6,6 +6,11 @@ Bug stories kept here:
   start; dropping a pending gloo send cancels it, so now and then (about one run in three
   of 90 steps) a peer never got the DONE of the step before and both ranks waited forever.
   Every handle is now kept until its send completes: ``test_many_steps_back_to_back...``.
+* A failure went as a header, then its text as a second message. When both ranks were
+  interrupted at once (Ctrl-C under torchrun), now and then one had the other's header and
+  waited for a text that never came, its sender gone: its step raised only after 5 s, a
+  thread left. A failure is now one message, its text in the header, landing in the receive
+  already posted: ``test_a_failure_arrives_whole_though_its_sender_stops_at_once``.
 * Each message went as a header, then its tensors, whose receive was posted only once the
   header had arrived; the tensors, already there, waited for the receiving connection's own
   thread to be scheduled again, milliseconds on a busy machine. A message now goes once,
@@ -16,6 +21,8 @@ Bug stories kept here:
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any, Dict, List
 
 import pytest
@@ -57,6 +64,75 @@ def test_layouts_in_turn_each_keep_their_own_header_and_offsets() -> None:
         assert all(torch.equal(x, y) for x, y in zip(tensors, wire.unpack(buffer, layout)))
     assert wire.packed_size(layout_a) == wire.HEADER_BYTES + 8 * 512 * 4
     assert wire.packed_size(layout_b) == wire.HEADER_BYTES + 64 + 64  # each tensor starts on a 64-byte boundary
+
+
+def test_a_failure_is_one_message_whose_text_fits_its_header() -> None:
+    from swpipeline.pp.transport import Failure
+
+    failure = Failure(1, 2, 3, "2F3", "ValueError: " + "x" * 5000)  # longer than any header
+    data = failure.encode()
+    assert len(data) <= wire.FAILURE_BYTES
+    for size in (wire.HEADER_BYTES, 4096):  # alone, or in the buffer of the message it replaces
+        buffer = wire.failure_marker(data, size)
+        assert buffer.numel() == size and wire.read_header(buffer)[:2] == [wire.FAILED, len(data)]
+        back = Failure.decode(wire.failure_text(buffer))
+        assert back._replace(error="") == failure._replace(error="")
+        assert back.error.startswith("ValueError: xxx") and back.error.endswith("...")
+    short = Failure(0, None, None, None, "KeyboardInterrupt: ", silent=False)
+    assert Failure.decode(wire.failure_text(wire.failure_marker(short.encode()))) == short
+    with pytest.raises(ValueError, match="does not fit"):
+        wire.failure_marker(b"x" * (wire.FAILURE_BYTES + 1))
+
+
+def fail_and_stop(rank: int, world: int) -> Any:
+    """Rank 1 waits for rank 0's first message; rank 0 fails instead and stops dead at once (SIGSTOP: its
+    process keeps its connections but answers nothing), as a rank that fails and exits does; rank 1 wakes it
+    once its receive ended."""
+    import os
+    import signal
+
+    import torch.distributed as dist
+
+    from swpipeline.pp import PipelineRankError
+    from swpipeline.pp.transport import Failure, Transport
+
+    pids: List[Any] = [None] * world
+    dist.all_gather_object(pids, os.getpid())
+    transport = Transport(None, rank, torch.device("cpu"), timeout=3.0)
+    transport.start_step({1 - rank: 2}, "step")
+    if rank == 0:
+        dist.barrier()  # rank 1's receive is posted
+        time.sleep(0.2)  # and its notice reached this rank
+        transport.fail(Failure(0, 0, 2, "0F2", "ValueError: NaN in the forward"))
+        os.kill(os.getpid(), signal.SIGSTOP)  # gone, as far as rank 1 can tell, until it says so
+        dist.barrier()
+        return "woken"
+    got: Dict[str, Any] = {}
+    receive = threading.Thread(target=lambda: _receive_into(transport, got))
+    receive.start()
+    time.sleep(0.2)
+    dist.barrier()
+    receive.join(timeout=30)
+    os.kill(pids[0], signal.SIGCONT)
+    dist.barrier()
+    error = got.get("error")
+    assert isinstance(error, PipelineRankError) or error is None
+    return (type(error).__name__, error.rank, error.stage, error.microbatch, error.error) if error else got
+
+
+def _receive_into(transport: Any, got: Dict[str, Any]) -> None:
+    from swpipeline.pp.wire import HELLO
+
+    try:
+        transport.recv_marker(0, 0, HELLO)
+        got["value"] = "hello"
+    except Exception as exc:
+        got["error"] = exc
+
+
+def test_a_failure_arrives_whole_though_its_sender_stops_at_once() -> None:
+    results = run_on_ranks(fail_and_stop, 2, timeout=60)
+    assert results == ["woken", ("PipelineRankError", 0, 0, 2, "ValueError: NaN in the forward")]
 
 
 def test_unsendable_messages_are_refused_with_the_limits() -> None:

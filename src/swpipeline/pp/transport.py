@@ -9,7 +9,6 @@ message it is meant for. The parts::
     ANNOUNCE  a header alone: a HELLO or DONE, a failure, or the layout of a message that is new or
               changed shape (the receiver cannot know its size; after a FAST filler saying CHANGED)
     SLOW      the message after its ANNOUNCE
-    TEXT      a failure's JSON, after its header
 
 So a step whose shapes are those of the step before sends every message once, into a
 buffer posted before it arrived; only the first step (and a change of shape) pays a second
@@ -18,7 +17,11 @@ round trip.
 Failures. When a rank's step fails (a task raised, a message said another rank failed,
 a receive timed out), ``fail`` sends the failure on every channel in place of every message
 not sent yet (the peer may wait for any of them: its receives are taken where they are
-needed) and sends nothing more in this step. Whoever waits for that message gets the
+needed) and sends nothing more in this step. A failure is one message, its text inside the
+header (``wire.py``), sent with the tag of the message it replaces: where the receiver has
+posted that receive already, it lands at once, so a rank that fails and exits straight away
+has still told its peers (when the text came as a second message, a peer that had the header
+waited for a text that never came, its sender gone). Whoever waits for that message gets the
 failure, fails in turn and passes it on, so the first failure reaches every rank that
 waits, directly or through others, for the rank it happened on, and each of them raises
 ``PipelineRankError`` naming that rank, stage, microbatch and the original exception.
@@ -49,15 +52,15 @@ import torch.distributed as dist
 from ..errors import PipelineAborted
 from .errors import PipelineRankError, RankTimeoutError
 from .watchdog import Watchdog
-from .wire import (CHANGED, DATA, FAILED, HEADER_BYTES, HELLO, Layout, Payload, layout_from, layout_of, marker,
-                   pack, packed_size, read_header, unpack)
+from .wire import (CHANGED, DATA, FAILED, FAILURE_BYTES, HEADER_BYTES, HELLO, Layout, Payload, failure_marker,
+                   failure_text, layout_from, layout_of, marker, pack, packed_size, read_header, unpack)
 
 __all__: List[str] = []
 
 logger = logging.getLogger("swpipeline.pp")
 
-PARTS = 4
-FAST, ANNOUNCE, SLOW, TEXT = 0, 1, 2, 3
+PARTS = 3
+FAST, ANNOUNCE, SLOW = 0, 1, 2
 GRACE_S = 3.0  # how long a receive outlives its deadline (the failure is being sent meanwhile)
 TAG_BASE = 1 << 20  # our tags start here: other users of the group (torch's own schedules use 0) never meet them
 
@@ -77,8 +80,14 @@ class Failure(NamedTuple):
             return f"rank {self.rank}"
         return f"rank {self.rank} (stage {self.stage}, microbatch {self.microbatch}, action {self.action})"
 
-    def encode(self) -> bytes:
-        return json.dumps(self._asdict()).encode()
+    def encode(self, limit: int = FAILURE_BYTES) -> bytes:
+        """As JSON of at most ``limit`` bytes (the error's text cut short to fit)."""
+        error = self.error
+        while True:
+            data = json.dumps(self._replace(error=error)._asdict()).encode()
+            if len(data) <= limit or not error:
+                return data
+            error = error[:max(len(error) - (len(data) - limit) - 3, 0)] + "..." if len(error) > 3 else ""
 
     @classmethod
     def decode(cls, data: bytes) -> "Failure":
@@ -227,7 +236,7 @@ class Transport:
             if self.failure is not None:
                 return self.failure
             self.failure = failure
-            text = torch.frombuffer(bytearray(failure.encode()), dtype=torch.uint8)
+            text = failure.encode()
             for peer, box in self._outboxes.items():
                 if box.closed:
                     continue
@@ -239,15 +248,14 @@ class Transport:
                     logger.warning("swpipeline.pp: could not tell rank %s of the failure: %s", peer, exc)
             return failure
 
-    def _post_failure(self, peer: int, index: int, text: torch.Tensor) -> None:
+    def _post_failure(self, peer: int, index: int, text: bytes) -> None:
         """The failure as message ``index``, where the receiver waits for it: in a buffer of the layout it expects,
         or as a header. Called under the lock."""
         expected = self._sent.get((self._mode, peer, index))
         if expected is not None:
-            self._post(marker(FAILED, [text.numel()], packed_size(expected)), peer, tag(index, FAST))
+            self._post(failure_marker(text, packed_size(expected)), peer, tag(index, FAST))
         else:
-            self._post(marker(FAILED, [text.numel()]), peer, tag(index, ANNOUNCE))
-        self._post(text, peer, tag(index, TEXT))
+            self._post(failure_marker(text), peer, tag(index, ANNOUNCE))
 
     def one_way_ms(self, peer: int, trips: int = 20) -> float:
         """Half the median round trip of a small message to ``peer`` and back (``peer`` runs it too)."""
@@ -306,7 +314,7 @@ class Transport:
             if values[0] == DATA:
                 return unpack(buffer, expected)
             if values[0] == FAILED:
-                self._raise_failure(peer, index, what, values[1])
+                self._raise_failure(buffer)
             if values[0] != CHANGED:
                 raise self._protocol_error(peer, what, values[0])
         values = self._receive_header(peer, index, what, None if expected is not None else 2 * self.timeout_s)
@@ -331,15 +339,14 @@ class Transport:
         self._wait(self._irecv(header, peer, tag(index, ANNOUNCE)), peer, what, seconds)
         values = read_header(header)
         if values[0] == FAILED:
-            self._raise_failure(peer, index, what, values[1])
+            self._raise_failure(header)
         return values
 
-    def _raise_failure(self, peer: int, index: int, what: str, length: int) -> NoReturn:
-        text = torch.empty(length, dtype=torch.uint8, device=self.device)
-        self._wait(self._irecv(text, peer, tag(index, TEXT)), peer, what, None)
+    def _raise_failure(self, buffer: torch.Tensor) -> NoReturn:
+        """Raise the failure that ``buffer`` (a failure message) carries."""
         if self.failure is not None:  # this rank failed already: the failure coming back, nothing new
             raise PipelineAborted("the step failed")
-        raise Failure.decode(bytes(text.cpu().tolist())).error_for(self.rank)
+        raise Failure.decode(failure_text(buffer)).error_for(self.rank)
 
     def _wait(self, work: Any, peer: int, what: str, seconds: Optional[float]) -> None:
         """Wait for a receive; with ``seconds``, report the peer as silent once they pass (see the module docstring)."""

@@ -6,9 +6,13 @@ bytes at an offset aligned to ``ALIGN``, so the receiver's tensors are views of 
 (no copy). The header says what the buffer holds::
 
     [DATA, count, dtype, ndim, d0, d1, ..., dtype, ndim, ...]   count tensors (dtype -1: None)
-    [FAILED, n]                                                 a failure, its n bytes of JSON follow
+    [FAILED, n] + n bytes                                       a failure: n bytes of JSON, in the header itself
     [CHANGED]                                                   a filler: the real message is announced
     [HELLO] / [DONE]                                            the sender's step starts / is over
+
+A failure is one message, its text inside the header (at most ``FAILURE_BYTES``), so it lands
+in whatever buffer the receiver posted for the message it replaces, and nothing more has to
+travel: a rank that fails and exits at once has still said why.
 
 A message's *layout* (each tensor's dtype and shape) decides its size. Both ends remember
 the layout of each message of the last step, so a receiver posts a buffer of the right
@@ -31,6 +35,7 @@ DATA, FAILED, DONE, HELLO, CHANGED = 0, 1, 2, 3, 4
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
 ITEM_BYTES = tuple(torch.empty((), dtype=d).element_size() for d in DTYPES)
+FAILURE_BYTES = HEADER_BYTES - 16  # a failure's text: the header after its two values
 NO_TENSOR = -1
 MAX_TENSORS = 15
 
@@ -104,6 +109,22 @@ def marker(status: int, extra: Sequence[int] = (), size: int = HEADER_BYTES) -> 
     for k, value in enumerate(extra, start=1):
         head[k] = value
     return buffer
+
+
+def failure_marker(text: bytes, size: int = HEADER_BYTES) -> torch.Tensor:
+    """A failure message of ``size`` bytes: ``[FAILED, len(text)]`` and the text, all in the header."""
+    if len(text) > FAILURE_BYTES:
+        raise ValueError(f"a failure's text of {len(text)} bytes does not fit the header's {FAILURE_BYTES}")
+    buffer = marker(FAILED, [len(text)], size)
+    if text:
+        buffer[16:16 + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+    return buffer
+
+
+def failure_text(buffer: torch.Tensor) -> bytes:
+    """The text of a failure message (``failure_marker``)."""
+    length = int(buffer[:16].view(torch.int64)[1])
+    return bytes(buffer[16:16 + min(length, FAILURE_BYTES)].cpu().tolist())
 
 
 def pack(tensors: Payload, layout: Layout, device: torch.device) -> torch.Tensor:
