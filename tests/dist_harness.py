@@ -78,7 +78,9 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int = 2, timeout: float = 1
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, port, results, kwargs), daemon=True)
+    # not daemons, so that a rank may start processes of its own (a DataLoader's workers); the end of this
+    # function kills any rank still alive
+    procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, port, results, kwargs), daemon=False)
              for r in range(world_size)]
     for p in procs:
         p.start()
