@@ -101,10 +101,13 @@ class Crew:
         return any(isinstance(w, Worker) and w.alive for w in list(self.workers.values()))
 
     def discard_queued(self) -> None:
-        """Drop the units ended workers never ran: they hold contexts, the caller's batches."""
+        """Drop the units ended workers never ran (they hold contexts, the caller's batches), and what ended
+        workers hold of their run (``Worker.unwatch``)."""
         for worker in list(self.workers.values()):
             if isinstance(worker, Worker):
                 worker.discard_queued()
+                if not worker.alive:
+                    worker.unwatch()
 
 
 class Stragglers:

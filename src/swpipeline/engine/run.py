@@ -25,13 +25,15 @@ once: stopping it again (``run()``'s handler and ``__exit__`` abandon a run that
 which stopped it already) joins nothing more, so a thread stuck in a task costs one
 ``join_timeout`` in total, whatever the path.
 
-No reference cycles on the failure path. A stopped run lets go of everything of the
-caller's it held: the failure (whose traceback holds the frames that raised it, the
-caller's among them), the contexts in flight (their batches), the data iterator, the
-hand-out of work and the units its ended workers never ran. A failure recorded after
-the run stopped (a straggler's) is not kept. So the objects of a failed run are freed by
-reference counting as soon as the caller drops the exception, never by a later garbage
-collection, in which a Ctrl-C could be lost and a data loader's worker processes linger.
+No reference cycles. A stopped run lets go of everything of the caller's it held: the
+failure (whose traceback holds the frames that raised it, the caller's among them), the
+contexts in flight (their batches), the data iterator, the hand-out of work and the units
+its ended workers never ran; and its ended workers forget the run (``Worker.unwatch``). A
+failure recorded after the run stopped (a straggler's) is not kept. So the objects of a
+run, finished or failed, are freed by reference counting as soon as it ends (a failed one:
+as soon as the caller drops the exception), never by a later garbage collection, in which
+a Ctrl-C could be lost and a data loader's worker processes linger, and which a loop of
+many short runs would otherwise trigger often (``test_a_run_leaves_nothing_for_the_garbage_collector``).
 """
 
 from __future__ import annotations

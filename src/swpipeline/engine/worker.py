@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import queue
 import signal
 import sys
@@ -61,12 +62,21 @@ def name_os_thread(name: str) -> None:
     Python names only its own ``threading.Thread`` object; the torch profiler's trace,
     ``top -H`` and py-spy read the OS thread name, which is otherwise ``python``.
     """
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _prctl() -> Any:
+    """libc's ``prctl``, loaded once (a ``ctypes.CDLL`` is a reference cycle: one per thread would be garbage for
+    the collector); None off Linux or where it cannot be found."""
     if not sys.platform.startswith("linux"):
-        return
+        return None
     try:
-        ctypes.CDLL(None).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+        return ctypes.CDLL(None).prctl
     except (OSError, AttributeError):
-        pass
+        return None
 
 
 class held_interrupts:
@@ -187,6 +197,12 @@ class Worker(_UnitRunner):
         """When ``owner`` is garbage-collected, call ``orphaned()`` on this thread and end (module docstring)."""
         self._orphaned = orphaned
         self._owner = weakref.ref(owner, self._queue.put)
+
+    def unwatch(self) -> None:
+        """Forget ``watch``'s owner and callback (the run is over: a bound method of it here would be a reference
+        cycle, run -> crew -> worker -> run, freed only by a garbage collection)."""
+        self._orphaned = _nothing
+        self._owner = None
 
     def stop(self) -> None:
         """Ask the thread to end once it is between units (it ends at once if it is waiting for work)."""
