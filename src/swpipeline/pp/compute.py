@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 import torch
 
 from .actions import BWD, FWD, BWD_I, BWD_W, Action
+from .data_parallel import backward_sync, forward_sync
 from .microbatches import as_tuple
 from .stage import PipelineStage
 
@@ -63,8 +64,10 @@ class StageOps:
     """The compute actions of one rank's stages (see the module docstring)."""
 
     def __init__(self, stages: Sequence[PipelineStage], loss_fn: Optional[Callable[..., torch.Tensor]],
-                 sources: Dict[int, List[int]], consumers: Dict[int, List[int]], backward: bool) -> None:
+                 sources: Dict[int, List[int]], consumers: Dict[int, List[int]], backward: bool,
+                 last_backward: Optional[Dict[int, Action]] = None) -> None:
         self.stages = {stage.stage_index: stage for stage in stages}
+        self.last_backward = last_backward or {}  # stage -> its last B or W of the step (data_parallel.py)
         self.loss_fn = loss_fn
         self.sources = sources  # stage -> the stages whose outputs it takes, in argument order
         self.consumers = consumers  # stage -> the stages that take its output
@@ -114,7 +117,8 @@ class StageOps:
         else:
             parts = [state.acts.pop((s, m, src)) for src in self.sources[s]]
             inputs, widths = tuple(v for part in parts for v in part), tuple(len(part) for part in parts)
-        output = stage.submod(*inputs, **state.kwargs[m])
+        with forward_sync(stage.submod):
+            output = stage.submod(*inputs, **state.kwargs[m])
         outputs = as_tuple(output)
         if stage.is_last:
             state.results[m] = output
@@ -154,7 +158,8 @@ class StageOps:
         saved = state.saved.pop((s, m))
         roots, grads = self._roots(s, m, saved.outputs, state)
         if roots:
-            torch.autograd.backward(roots, grad_tensors=grads)
+            with backward_sync(self.stages[s].submod, roots, self.last_backward.get(s) == Action(s, BWD, m)):
+                torch.autograd.backward(roots, grad_tensors=grads)
         if not self.stages[s].is_first:
             self._send_input_grads(s, m, saved, [self._take_grad(v) for v in saved.inputs], state)
 
@@ -165,7 +170,9 @@ class StageOps:
             wanted = [v for v in saved.inputs if isinstance(v, torch.Tensor) and v.requires_grad]
             found: Dict[int, torch.Tensor] = {}
             if roots and wanted:
-                got = torch.autograd.grad(roots, wanted, grad_outputs=grads, retain_graph=True, allow_unused=True)
+                with backward_sync(self.stages[s].submod, roots, False):  # no parameter's gradient: no reduction
+                    got = torch.autograd.grad(roots, wanted, grad_outputs=grads, retain_graph=True,
+                                              allow_unused=True)
                 found = {id(v): g for v, g in zip(wanted, got) if g is not None}
             self._send_input_grads(s, m, saved, [found.get(id(v)) for v in saved.inputs], state)
         state.weight_pending[(s, m)] = (tuple(roots), tuple(grads))
@@ -174,7 +181,8 @@ class StageOps:
         roots, grads = state.weight_pending.pop((s, m))
         params = [p for p in self.stages[s].submod.parameters() if p.requires_grad]
         if roots and params:
-            torch.autograd.backward(list(roots), grad_tensors=list(grads), inputs=params)
+            with backward_sync(self.stages[s].submod, roots, self.last_backward.get(s) == Action(s, BWD_W, m)):
+                torch.autograd.backward(list(roots), grad_tensors=list(grads), inputs=params)
 
     @staticmethod
     def _take_grad(value: Any) -> Optional[torch.Tensor]:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from .actions import Action, RankOrders, format_orders
+from .actions import BWD, BWD_W, Action, RankOrders, format_orders
 from .check import aligned_orders, prove
 from .comms import PipelineWork, Skip, derive
 from .compute import StageOps, StepState
@@ -200,7 +200,11 @@ class PipelineSchedule:
             sources = {s: [s - 1] + sorted(a for a, b in self._skips if b == s) for s in range(1, self.num_stages)}
             consumers = {s: ([s + 1] if s + 1 < self.num_stages else []) + sorted(b for a, b in self._skips if a == s)
                          for s in range(self.num_stages)}
-            ops = StageOps(self._stages, self._loss_fn, sources, consumers, backward)
+            last: Dict[int, Action] = {}  # each stage's last action that writes its parameters' gradients
+            for action in work.ranks[self.rank].compute:
+                if action.kind in (BWD, BWD_W):
+                    last[action.stage] = action
+            ops = StageOps(self._stages, self._loss_fn, sources, consumers, backward, last)
             self._runners[backward] = RankRunner(work, units[self.rank], self.rank, ops, self._transport,
                                                  self._stages[0].device, self._timeout)
         return self._runners[backward]
