@@ -100,14 +100,12 @@ class Crew:
     def threads_alive(self) -> bool:
         return any(isinstance(w, Worker) and w.alive for w in list(self.workers.values()))
 
-    def discard_queued(self) -> None:
-        """Drop the units ended workers never ran (they hold contexts, the caller's batches), and what ended
-        workers hold of their run (``Worker.unwatch``)."""
+    def let_go(self) -> None:
+        """Ended workers drop what they hold of their run (``Worker.let_go``): the units they never ran (they hold
+        contexts, the caller's batches) and the run itself."""
         for worker in list(self.workers.values()):
             if isinstance(worker, Worker):
-                worker.discard_queued()
-                if not worker.alive:
-                    worker.unwatch()
+                worker.let_go()
 
 
 class Stragglers:

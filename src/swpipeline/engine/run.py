@@ -28,7 +28,7 @@ which stopped it already) joins nothing more, so a thread stuck in a task costs 
 No reference cycles. A stopped run lets go of everything of the caller's it held: the
 failure (whose traceback holds the frames that raised it, the caller's among them), the
 contexts in flight (their batches), the data iterator, the hand-out of work and the units
-its ended workers never ran; and its ended workers forget the run (``Worker.unwatch``). A
+its ended workers never ran; and its ended workers forget the run (``Worker.let_go``). A
 failure recorded after the run stopped (a straggler's) is not kept. So the objects of a
 run, finished or failed, are freed by reference counting as soon as it ends (a failed one:
 as soon as the caller drops the exception), never by a later garbage collection, in which
@@ -190,7 +190,7 @@ class Run:
         self.life.held = None
         self.feed.let_go()
         self.handout.let_go()
-        self.crew.discard_queued()
+        self.crew.let_go()
 
     def stop_at_exit(self, join_timeout: float) -> None:
         """The interpreter is exiting: abandon, joining the workers within ``join_timeout`` at most."""

@@ -17,8 +17,9 @@ Guarantees:
 * ``current`` is the unit it is running (None between queue items; set by the run's batch
   runner, ``executor.make_batch_runner``), so that a straggler
   can be named and a task that drives its own pipeline can be recognised;
-* once its thread has ended, what is left in its queue is dropped on request
-  (``discard_queued``): units it will never run hold their contexts, the caller's batches;
+* once its thread has ended, it lets go of its run on request (``let_go``): what is left in
+  its queue (units it will never run hold their contexts, the caller's batches) and the
+  run's callback of ``watch`` (a bound method of the run, which holds the worker: a cycle);
 * when the pipeline it works for is garbage-collected, the worker ends its run and
   itself (``watch``). No Python code runs in the collector for it: the weak
   reference's callback is the queue's own (C) ``put``, which hands the worker the dead
@@ -198,20 +199,18 @@ class Worker(_UnitRunner):
         self._orphaned = orphaned
         self._owner = weakref.ref(owner, self._queue.put)
 
-    def unwatch(self) -> None:
-        """Forget ``watch``'s owner and callback (the run is over: a bound method of it here would be a reference
-        cycle, run -> crew -> worker -> run, freed only by a garbage collection)."""
-        self._orphaned = _nothing
-        self._owner = None
-
     def stop(self) -> None:
         """Ask the thread to end once it is between units (it ends at once if it is waiting for work)."""
         self._queue.put(_STOP)
 
-    def discard_queued(self) -> None:
-        """Drop what is left in the queue of a thread that has ended (units it will never run hold contexts)."""
+    def let_go(self) -> None:
+        """If the thread has ended, drop what it holds of its run: the units left in its queue (they hold
+        contexts) and ``watch``'s owner and callback (a bound method of the run, which holds this worker: a
+        reference cycle, run -> crew -> worker -> run, that only a garbage collection would free)."""
         if self.alive:
             return
+        self._orphaned = _nothing
+        self._owner = None
         while True:
             try:
                 self._queue.get_nowait()
