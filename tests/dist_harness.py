@@ -45,6 +45,15 @@ def descendants(pid: int) -> List[int]:
     return found
 
 
+def checkout_env(**extra: str) -> Dict[str, str]:
+    """This process's environment with this checkout's ``src/`` first on ``PYTHONPATH`` (and ``extra`` set), for a
+    subprocess that must import the package under test, not an installed copy."""
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env = dict(os.environ, **extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
+    return env
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -18,7 +18,7 @@ from typing import List
 
 import pytest
 
-from dist_harness import descendants, free_port
+from dist_harness import checkout_env, descendants, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -40,9 +40,8 @@ TWO_RANKS_TIMEOUT_S = 150.0  # two interpreters importing TorchRec on a 2-core m
 
 def _run(args: List[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     """Run ``args`` with this checkout's src/ first on the path; on timeout kill it and what it started, and fail."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, cwd=cwd, env=checkout_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -10,7 +10,6 @@ run in 12 is too rare to catch in a few runs, so this runs 40 jobs (about 100 s 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,19 +17,17 @@ from typing import List
 
 import pytest
 
-from dist_harness import free_port
+from dist_harness import checkout_env, free_port
 
 HERE = Path(__file__).resolve().parent
-SRC = HERE.parent.parent / "src"
 
 
 def _job() -> List[int]:
     port = free_port()
     procs = []
     for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p))
+        env = checkout_env(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                           OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen([sys.executable, str(HERE / "exit_job.py")], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     codes = []

@@ -27,10 +27,9 @@ import threading
 from pathlib import Path
 from typing import List
 
-from dist_harness import descendants, free_port
+from dist_harness import checkout_env, descendants, free_port
 
 HERE = Path(__file__).resolve().parent
-SRC = HERE.parent.parent / "src"
 
 
 def _alive(pid: int) -> bool:
@@ -41,8 +40,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_ctrl_c_under_torchrun_stops_every_rank_and_leaves_nothing() -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p),
-               OMP_NUM_THREADS="1")
+    env = checkout_env(OMP_NUM_THREADS="1")
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
             "--master_port", str(free_port()), str(HERE / "torchrun_interrupted.py")]
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

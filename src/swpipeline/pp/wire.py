@@ -134,7 +134,7 @@ def pack(tensors: Payload, layout: Layout, device: torch.device) -> torch.Tensor
     buffer[:HEADER_BYTES].copy_(_header(layout))
     for t, start, entry in zip(tensors, starts, layout):
         if t is not None and entry is not None:
-            buffer[start:start + t.numel() * t.element_size()].view(t.dtype).view(t.shape).copy_(t.detach())
+            buffer[start:start + _nbytes(entry)].view(t.dtype).view(t.shape).copy_(t.detach())
     return buffer
 
 
