@@ -24,7 +24,6 @@ from swpipeline import (DataFlowPipeline, IterContext, PipelinePlan, PipelineTas
 from swpipeline.shortcut.recording import Journal, RecordingView
 
 
-
 # -- 1. autocast's weight cache, one for the whole process -------------------------------------------------------
 
 

@@ -370,14 +370,14 @@ def test_a_run_leaves_nothing_for_the_garbage_collector(make_pipe: MakePipe, cal
             return
         assert drive(pipe, range(6)) == list(range(6))
 
-    def one_failed_run() -> None:
-        with pytest.raises(Boom):
-            pipe.run(Batches(6))
-
-    assert garbage_of(one_run) == []
     failing = make_pipe(two_group_plan(ExecLog(), {"Train": lambda ctx: _fail_at(ctx, 2)}), device="cpu",
                         caller_thread_group=caller)
-    pipe = failing
+
+    def one_failed_run() -> None:
+        with pytest.raises(Boom):
+            failing.run(Batches(6))
+
+    assert garbage_of(one_run) == []
     assert garbage_of(one_failed_run) == []
     assert swp_threads() == []
 
