@@ -172,6 +172,7 @@ class Columns:
     def prep(self, ctx: IterContext) -> None:
         ctx.m = torch.arange(16.0).reshape(4, 4) + ctx.iter_idx
         ctx.c0, ctx.c1 = ctx.m[:, 0], ctx.m[:, 1]
+        ctx.b6, ctx.b8 = ctx.m.view(torch.uint8)[:, 6], ctx.m.view(torch.uint8)[:, 8]  # a byte of c1's, of column 2's
 
     def update(self, ctx: IterContext) -> None:
         ctx.c1.mul_(2)
@@ -184,7 +185,7 @@ class Columns:
                 "Look": (1, "side", "side", self.read_it)}
 
 
-@pytest.mark.parametrize("read,conflict", [("c0", False), ("c1", True), ("m", True)])
+@pytest.mark.parametrize("read,conflict", [("c0", False), ("c1", True), ("m", True), ("b6", True), ("b8", False)])
 def test_interleaved_views_conflict_only_where_their_elements_meet(read: str, conflict: bool) -> None:
     analysis = analyze(plan_of(Columns(read).spec(), DISJOINT_DEPS), None)
     assert [(t, d) for t, d, *_ in analysis.missing_deps] == ([("Look", "Change")] if conflict else [])

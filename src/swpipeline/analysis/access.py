@@ -53,7 +53,7 @@ from ..plan.context import IterContext
 from ..plan.model import DeclaredIO, PipelineTask
 from ..shortcut.recording import Journal, RecordingView
 from .generators import GeneratorKey, generator_name, named_generators
-from .inplace import WATCHED, ValueWatch, attributes_meeting
+from .inplace import WATCHED, ValueWatch, Written, attributes_meeting
 from .memory import Region, RegionIndex, region_of, storage_key
 from .naming import MAX_DEPTH, describe, find_roots, named_copies, named_slots, walk_tensors
 from .operators import Observer
@@ -104,17 +104,17 @@ class _NotingJournal(Journal):
     def delete(self, name: str) -> None:
         self._note(DELETE, name)
 
-    def finish(self, written: Sequence[Region]) -> None:
+    def finish(self, written: Written) -> None:
         context = self.target
         attributes = {"batch": context.batch, **vars(context)}
         changed = attributes_meeting(attributes, written)
         if self._values is not None:
-            changed += self._values.changed({r.storage for r in written})
+            changed += self._values.changed({r.storage for r in written.regions})
         for name in dict.fromkeys(changed):
             self._note(MUTATE, name)
 
 
-def recording_view(ctx: IterContext, note: Note) -> Tuple[IterContext, Callable[[Sequence[Region]], None]]:
+def recording_view(ctx: IterContext, note: Note) -> Tuple[IterContext, Callable[[Written], None]]:
     """A stand-in for ``ctx`` that forwards every access to it and calls ``note`` for each; and the function to
     call when the task has returned, which notes what it changed in place."""
     journal = _NotingJournal(ctx, note)
@@ -256,24 +256,24 @@ class StateRecorder:
             found.append(name)
         return found
 
-    def run(self, task: PipelineTask, call: Callable[[], Any], access: TaskAccess) -> List[Region]:
-        """``call()`` (the task on its context), noting into ``access`` what it does to the state; returns the
-        memory its operators wrote."""
+    def run(self, task: PipelineTask, call: Callable[[], Any], access: TaskAccess) -> Written:
+        """``call()`` (the task on its context), noting into ``access`` what it does to the state; returns what
+        its operators wrote."""
         before = self._snapshot()
         existing_versions = [_version(t) for t in self.existing]
         reads: List[Optional[Region]] = []
-        writes: List[Optional[Region]] = []
+        writes: List[Tuple[torch.Tensor, Optional[Region]]] = []  # (tensor, the memory it covered before)
         grads: List[Tuple[torch.Tensor, str]] = []
         draws: List[GeneratorKey] = []
         with _GradSlots(lambda t, kind: grads.append((t, kind))), Observer(
-                lambda t: reads.append(region_of(t)), lambda t: writes.append(region_of(t)), draws.append):
+                lambda t: reads.append(region_of(t)), lambda t, region: writes.append((t, region)), draws.append):
             call()
         after = self._snapshot()
         named = (before.names, after.names)
-        written = [r for r in writes if r is not None]
-        reported = {r.storage for r in written}
+        written = Written.of(writes)
+        reported = {r.storage for r in written.regions}
         noted: List[Tuple[str, str]] = [(WRITE, name) for name in self.declared[task.name]]
-        for kind, regions in ((READ, reads), (WRITE, writes)):
+        for kind, regions in ((READ, reads), (WRITE, written.regions)):
             for region in dict.fromkeys(regions):
                 noted += [(kind, name) for name in self._names_of(region, named)]
         grad_names = {**after.grads, **before.grads}

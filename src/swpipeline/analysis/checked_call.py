@@ -16,8 +16,11 @@ Everything else (``vars(ctx)``, deletes, draws) goes through the journal's hooks
 The journal is also the call's ``OperatorObserver`` (``operators.py``): it keeps the tensors
 the call's operators wrote, and those they read among the checker's named state; a write
 of that state is judged before the operator runs (``writing``), so a race on the weights is
-reported before it changes what another task computes. When the call returns, ``finish``
-writes every context attribute whose value covers memory written
+reported before it changes what another task computes. A race raised inside an operator
+is kept (``raced``): the code around the operator may catch it (``load_state_dict`` turns
+it into a ``RuntimeError`` of its own), and the call raises it when it ends. When the call returns, ``finish``
+writes every context attribute whose value covers memory written (as it was before each
+operator: a copy writes only what it made) or holds a tensor pointed at other memory
 (``inplace.attributes_meeting``: an alias, a view, the batch under another name), every
 attribute whose container the call changed, and hands the state's reads and writes to the
 checker. A read of an attribute the context lacks goes to the checker first
@@ -32,9 +35,10 @@ import torch
 
 from .access import DELETE, MUTATE, READ, WRITE
 from .generators import GeneratorKey
-from .inplace import WATCHED, ValueWatch, attributes_meeting
-from .memory import Region, region_of, regions_of, storage_key
+from .inplace import WATCHED, ValueWatch, Written, attributes_meeting
+from .memory import Region
 from .operators import OperatorObserver
+from .races import RaceError
 from ..plan.context import IterContext
 from ..shortcut.recording import JOURNAL_SLOT, Journal, RecordingView
 
@@ -78,8 +82,10 @@ class CheckedJournal(Journal, OperatorObserver):
     watches = WATCHED
     to_finish = False  # whether finish() has anything to look at (set by watch, wrote, read_tensor)
     values: Optional[ValueWatch] = None  # the containers read, once one could be changed in place
-    written: Optional[List[torch.Tensor]] = None  # the tensors this call's operators wrote, on its thread
+    written: Optional[List[Tuple[torch.Tensor, Optional[Region]]]] = None  # what this call's operators wrote
+    # (on its thread): each tensor, kept alive so that its memory stays its own, with the memory it covered before
     state_reads: Optional[List[torch.Tensor]] = None  # the tensors of the checker's state they read
+    raced: Optional[BaseException] = None  # the first race raised inside an operator (the code around may catch it)
 
     def __init__(self, target: IterContext, checker: Checker, log: Log,
                  unit: Unit) -> None:  # (no super().__init__:) the journal's own records are not kept
@@ -126,26 +132,43 @@ class CheckedJournal(Journal, OperatorObserver):
 
     def drew(self, key: GeneratorKey) -> None:
         """A draw by an operator of this call: log it with the checker."""
-        self.checker._draw(key, self.unit)
+        try:
+            self.checker._draw(key, self.unit)
+        except RaceError as race:
+            self.raced = self.raced or race  # the first
+            raise
 
     warns_before_writes = True
 
-    def writing(self, tensors: List[torch.Tensor]) -> None:
+    def writing(self, regions: List[Optional[Region]]) -> None:
         """Before an operator writes ``tensors``: a write of the named state (the weights, their gradients, the
         optimizer's state) is judged now, not when the call returns, so that a race on it raises before the write
         lands: were it judged after, another task that reads those weights (a backward whose graph saved them)
         could fail first with a message about the symptom."""
         storages = self.checker._named_storages
         if storages:
-            regions = [region_of(t) for t in tensors if storage_key(t) in storages]
-            if regions:
-                self.checker._state(self.unit, [], [r for r in regions if r is not None])
+            named = [region for region in regions if region is not None and region.storage in storages]
+            if named:
+                try:
+                    self.checker._state(self.unit, [], named)
+                except RaceError as race:
+                    self.raced = self.raced or race  # the first
+                    raise
 
-    def wrote(self, tensor: torch.Tensor) -> None:
+    def failure(self, error: BaseException) -> BaseException:
+        """What the call raises when it raised ``error``: the first race raised inside one of its operators, if
+        any (``error`` its cause: what the code around the operator made of it), else ``error``."""
+        race = self.raced
+        if race is None or race is error:
+            return error
+        race.__cause__ = error
+        return race
+
+    def wrote(self, tensor: torch.Tensor, region: Optional[Region]) -> None:
         if self.written is None:
             self.written = []
             self.to_finish = True
-        self.written.append(tensor)
+        self.written.append((tensor, region))
 
     def read_tensor(self, tensor: torch.Tensor) -> None:
         if self.state_reads is None:
@@ -156,14 +179,15 @@ class CheckedJournal(Journal, OperatorObserver):
     def finish(self) -> None:
         """After the call: memory its operators wrote is a write of every attribute covering it; a container
         it read and changed is a write of its attribute; the state it read and wrote goes to the checker."""
-        written = regions_of(self.written or ())
-        changed = attributes_meeting({"batch": self.target.batch, **vars(self.target)}, written) if written else []
+        written = Written.of(self.written or ())
+        changed = attributes_meeting({"batch": self.target.batch, **vars(self.target)},
+                                     written) if self.written else []
         if self.values is not None:
             changed += self.values.changed()
         for name in dict.fromkeys(changed):
             self._log(name, MUTATE)
-        if written or self.state_reads:
-            self.checker._state(self.unit, self.state_reads or [], written)
+        if written.regions or self.state_reads:
+            self.checker._state(self.unit, self.state_reads or [], written.regions)
 
 
 class CheckedView(RecordingView):

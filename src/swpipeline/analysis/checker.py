@@ -150,9 +150,11 @@ class RaceChecker:
             push(journal)  # it sees the operators of this call, on this thread
             try:
                 result = run(view)
-            except BaseException:
+                if journal.raced is not None:  # raised inside an operator, and caught by the code around it
+                    raise journal.raced
+            except BaseException as error:
                 self._failures += 1
-                raise
+                raise journal.failure(error)
             finally:
                 pop(None)
                 if awaited:  # (finish() logs no assignment: a reader waiting for this task has all it needs now)
@@ -299,8 +301,7 @@ class RaceChecker:
         """Until every task of ``setters`` has returned on this context, a checked call failed, or
         ``EARLY_READ_WAIT_S`` passed."""
         failures, deadline = self._failures, time.monotonic() + EARLY_READ_WAIT_S
-        while not set(setters) <= set(log[FINISHED]) and self._failures == failures \
-                and time.monotonic() < deadline:
+        while not set(setters) <= set(log[FINISHED]) and self._failures == failures and time.monotonic() < deadline:
             time.sleep(0.001)
 
     def _race(self, attribute: str, one: Access, other: Access) -> Optional[RaceError]:

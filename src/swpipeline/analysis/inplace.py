@@ -4,11 +4,13 @@
 nothing, so a recording view of the context sees only reads. Two things tell the writes:
 
 * **memory** (``attributes_meeting``): the tensors a task's operators wrote (in place or
-  ``out=``, by their schema) cover some bytes of some storages (``memory.py``); every
+  ``out=``, by their schema) covered, before each operator ran, some bytes of some storages
+  (``memory.py``; a copy's new tensor covered none of what it copies); every
   context attribute whose value holds a tensor covering any of those bytes is written, by
   whatever name the task wrote through: ``ctx.y = ctx.x`` then ``ctx.y.add_(1)`` writes
   ``ctx.x`` too, a view ``ctx.x[:2]`` changed in place writes ``ctx.x``, and two disjoint
-  rows of one buffer never write each other (though they share one version counter);
+  rows of one buffer never write each other (though they share one version counter); a
+  tensor pointed at other memory (``ctx.x.set_(y)``) writes the attributes holding it;
 * **containers** (``ValueWatch``): for each value a task reads from the context, the
   identity of each item (and key) of a list, set, deque or dict, so an append, a removal,
   an item replaced or a key added is a write of the attribute it was read from. For a
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import collections
 import operator
-from typing import AbstractSet, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -132,14 +134,39 @@ def tensors_within(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
         yield from tensors_within(item, depth + 1)
 
 
-def attributes_meeting(attributes: Mapping[str, Any], written: Sequence[Region]) -> List[str]:
-    """The attributes whose values hold a tensor covering memory in ``written`` (in the mapping's order)."""
+class Written(NamedTuple):
+    """What a task's operators wrote: the memory that existed before each write, and the tensor objects they
+    pointed at other memory (``set_``) or that covered none (an empty tensor resized), kept alive."""
+
+    regions: List[Region]
+    rebound: List[torch.Tensor]
+
+    @classmethod
+    def of(cls, writes: Iterable[Tuple[torch.Tensor, Optional[Region]]]) -> "Written":
+        """From an observer's ``(tensor, the memory it covered before the write)`` pairs."""
+        regions: List[Region] = []
+        rebound: List[torch.Tensor] = []
+        for tensor, region in writes:
+            if region is None:
+                rebound.append(tensor)
+            else:
+                regions.append(region)
+        return cls(regions, rebound)
+
+
+def attributes_meeting(attributes: Mapping[str, Any], written: Written) -> List[str]:
+    """The attributes whose values hold a tensor covering memory written, or a tensor rebound (in the mapping's
+    order)."""
     by_storage: Dict[int, List[Region]] = {}
-    for region in written:
+    for region in written.regions:
         by_storage.setdefault(region.storage, []).append(region)
+    rebound = {id(tensor) for tensor in written.rebound}
     found = []
     for name, value in attributes.items():
         for tensor in tensors_within(value):
+            if id(tensor) in rebound:
+                found.append(name)
+                break
             near = by_storage.get(storage_key(tensor) or 0)
             if near:
                 mine = region_of(tensor)

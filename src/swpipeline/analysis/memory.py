@@ -49,7 +49,7 @@ class Region(NamedTuple):
 def storage_key(tensor: torch.Tensor) -> Optional[int]:
     """Identifies a tensor's storage while it is alive (views share it); None for tensors without one."""
     try:
-        if tensor.device.type == "meta" or tensor.layout != torch.strided:
+        if tensor.is_meta or tensor.layout is not torch.strided:
             return None
         return int(tensor.untyped_storage()._cdata)
     except Exception:  # wrapper subclasses, functional tensors
@@ -57,18 +57,19 @@ def storage_key(tensor: torch.Tensor) -> Optional[int]:
 
 
 def region_of(tensor: torch.Tensor) -> Optional[Region]:
-    """The memory ``tensor`` covers (None: no storage to compare, or no element)."""
-    key = storage_key(tensor)
-    if key is None:
-        return None
+    """The memory ``tensor`` covers (None: no storage to compare, or no element). On the checks' hot path: one
+    call per tensor an operator writes."""
     try:
-        if tensor.numel() == 0:
+        if tensor.is_meta or tensor.layout is not torch.strided or not tensor.numel():
             return None
-        shape, stride, size = tuple(map(int, tensor.shape)), tuple(map(int, tensor.stride())), tensor.element_size()
+        key = int(tensor.untyped_storage()._cdata)
+        shape, stride, size = tuple(tensor.shape), tuple(tensor.stride()), tensor.element_size()
         lo = int(tensor.storage_offset()) * size
-    except Exception:  # wrapper subclasses without strides
+    except Exception:  # wrapper subclasses, functional tensors: no storage or strides to compare
         return None
-    extent = 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+    extent = 1
+    for n, s in zip(shape, stride):
+        extent += (n - 1) * s
     return Region(key, lo, lo + extent * size, shape, stride, size)
 
 
