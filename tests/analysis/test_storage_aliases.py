@@ -194,3 +194,31 @@ def test_interleaved_views_conflict_only_where_their_elements_meet(read: str, co
             engine("SWPipeline", plan_of(Columns(read).spec(), DISJOINT_DEPS), check_races=True).run(range(3))
     else:
         engine("DataFlowPipeline", plan_of(Columns(read).spec(), DISJOINT_DEPS), check_races=True).run(range(3))
+
+
+class FlatParameters(torch.nn.Module):
+    """Two parameters that are views of one flat buffer (as FSDP and fused optimizers lay them out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        flat = torch.arange(8.0)
+        self.a, self.b = torch.nn.Parameter(flat[:4]), torch.nn.Parameter(flat[4:])
+
+
+def test_two_parameters_in_one_flat_buffer_are_two_names() -> None:
+    model = FlatParameters()
+    seen: List[float] = []
+
+    def bump_a(ctx: IterContext) -> None:
+        with torch.no_grad():
+            model.a.add_(1)
+
+    def read_b(ctx: IterContext) -> None:
+        seen.append(float(model.b.detach().sum()))
+
+    plan = plan_of({"Bump": (0, "a", "a", bump_a), "Read": (0, "b", "b", read_b)})
+    analysis = analyze(plan, None)
+    assert analysis.missing_deps == []
+    assert (analysis.writes["Bump"], analysis.reads["Read"]) == ({"model.a"}, {"model.b"})
+    SWPipeline(plan, device="cpu", check_races=True).run(range(3))
+    assert seen == [22.0] * 4  # analyze's iteration, then three

@@ -12,7 +12,8 @@ import swpipeline.pp as pp
 EXPORTED = {
     "Action", "Kind", "PipelineRankError", "PipelineSchedule", "PipelineScheduleMulti", "PipelineScheduleSingle",
     "PipelineStage", "RankTimeoutError", "Schedule1F1B", "ScheduleFromActions", "ScheduleGPipe", "ScheduleHangError",
-    "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble", "StageCosts", "autoplan", "simulate",
+    "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble", "ScheduleLoopedBFS", "StageCosts", "autoplan",
+    "simulate",
 }
 
 
@@ -26,7 +27,7 @@ def test_same_names_and_arguments_as_torch_s() -> None:
     import torch.distributed.pipelining as torch_pp
 
     for name in ("PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
-                 "ScheduleInterleavedZeroBubble"):
+                 "ScheduleInterleavedZeroBubble", "ScheduleLoopedBFS"):
         ours = inspect.signature(getattr(pp, name)).parameters
         theirs = inspect.signature(getattr(torch_pp, name)).parameters
         positional = [p for p in theirs.values() if p.kind is p.POSITIONAL_OR_KEYWORD]

@@ -19,7 +19,7 @@ from dist_harness import run_on_ranks
 from test_pp_support import BATCH, exact_on_rank
 
 SINGLE = ("ScheduleGPipe", "Schedule1F1B")
-MULTI = ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble")
+MULTI = ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble", "ScheduleLoopedBFS")
 
 
 def _run(world: int, configs: Sequence[Tuple[str, int, int]], timeout: float) -> List[Dict[str, Any]]:
@@ -30,8 +30,11 @@ def _run(world: int, configs: Sequence[Tuple[str, int, int]], timeout: float) ->
 def _assert_exact(results: List[Dict[str, Any]]) -> None:
     wrong = [r for r in results if r["ours"] is not True or r.get("losses") is False]
     assert not wrong, wrong
-    # torch's, where it ran, is exact too (None: not run, uneven microbatches; a string: torch refused it)
-    assert not [r for r in results if r["torch"] is False]
+    # torch's, where it ran, is exact too (None: not run, uneven microbatches; a string: torch refused it), but
+    # for its looped BFS, whose backwards run last microbatch first: with 3 or more, the sums come out otherwise
+    assert not [r for r in results if r["torch"] is False and r["config"][0] != "ScheduleLoopedBFS"]
+    bfs = [r for r in results if r["config"][0] == "ScheduleLoopedBFS" and r["config"][1] >= 3]
+    assert not bfs or any(r["torch"] is False for r in bfs)
     assert not [r for r in results if r["torch"] is None and BATCH % r["config"][1] == 0]
 
 

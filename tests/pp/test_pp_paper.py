@@ -85,6 +85,15 @@ def test_interleaved_orders_run_groups_of_microbatches_through_each_stage() -> N
     assert orders.microbatch_groups(2, 7) == [range(0, 3), range(3, 5), range(5, 7)]
 
 
+def test_looped_bfs_runs_every_microbatch_through_a_stage_before_the_next() -> None:
+    assert _text(orders.looped_bfs(2, 2, 2)) == {0: "0F0 0F1 2F0 2F1 2B0 2B1 0B0 0B1",
+                                                 1: "1F0 1F1 3F0 3F1 3B0 3B1 1B0 1B1"}
+    assert _text(orders.looped_bfs(2, 1, 3)) == _text(orders.gpipe(2, 3))  # one stage per rank: GPipe
+    assert _text(orders.looped_bfs(2, 2, 2, backward=False)) == {0: "0F0 0F1 2F0 2F1", 1: "1F0 1F1 3F0 3F1"}
+    assert set(orders.BUILT_IN) == {"ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
+                                    "ScheduleInterleavedZeroBubble", "ScheduleLoopedBFS"}
+
+
 def test_side_by_side_on_paper() -> None:
     aligned = check.aligned_orders(_units(orders.one_f_one_b(3, 4), 3, 3, 4), units.COMPUTE)
     assert format_orders(aligned) == "\n".join([
@@ -212,6 +221,7 @@ def _built_ins() -> Iterator[Tuple[str, int, int, int, RankOrders]]:
         for local in (1, 2, 3):
             yield "interleaved", ranks, local, n, orders.interleaved(ranks, local, n)
             yield "zero bubble", ranks, local, n, orders.interleaved(ranks, local, n, zero_bubble=True)
+            yield "looped bfs", ranks, local, n, orders.looped_bfs(ranks, local, n)
 
 
 def test_every_built_in_order_is_proved_as_the_old_rule_did_and_keeps_each_stage_s_backwards_in_order() -> None:
@@ -228,7 +238,7 @@ def test_every_built_in_order_is_proved_as_the_old_rule_did_and_keeps_each_stage
                     if a.kind.value == kinds:
                         per_stage.setdefault(a.stage, []).append(a.microbatch)
                 assert all(ms == sorted(ms) for ms in per_stage.values()), (name, ranks, local, n)
-    assert count == 4 * 12 * 8
+    assert count == 4 * 12 * 11
 
 
 def _reordered() -> Iterator[Tuple[Dict[int, units.RankUnits], str]]:

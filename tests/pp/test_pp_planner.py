@@ -68,8 +68,8 @@ def test_autoplan_weighs_the_bubble_against_the_cost_of_each_action() -> None:
 def test_simulate_refuses_what_a_schedule_cannot_run() -> None:
     with pytest.raises(ValueError, match="ScheduleGPipe runs one stage per rank, not 2"):
         simulate("ScheduleGPipe", 2, 4, 64, _costs(stages=4))
-    with pytest.raises(ValueError, match="unknown schedule 'ScheduleLoopedBFS'"):
-        simulate("ScheduleLoopedBFS", 2, 4, 64, _costs())
+    with pytest.raises(ValueError, match="unknown schedule 'ScheduleNoSuch'"):
+        simulate("ScheduleNoSuch", 2, 4, 64, _costs())
 
 
 def measure_on_rank(rank: int, world: int) -> Dict[str, Any]:

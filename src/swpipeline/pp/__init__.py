@@ -38,6 +38,7 @@ from .schedules import ScheduleFromActions as ScheduleFromActions
 from .schedules import ScheduleGPipe as ScheduleGPipe
 from .schedules import ScheduleInterleaved1F1B as ScheduleInterleaved1F1B
 from .schedules import ScheduleInterleavedZeroBubble as ScheduleInterleavedZeroBubble
+from .schedules import ScheduleLoopedBFS as ScheduleLoopedBFS
 from .stage import PipelineStage as PipelineStage
 
 __all__: List[str] = [
@@ -55,6 +56,7 @@ __all__: List[str] = [
     "ScheduleHangError",
     "ScheduleInterleaved1F1B",
     "ScheduleInterleavedZeroBubble",
+    "ScheduleLoopedBFS",
     "StageCosts",
     "autoplan",
     "simulate",

@@ -21,11 +21,23 @@ warm-up of ``(v - 1) g + (p - 1 - r)``, each backward split in ``I`` then ``W``,
 ``r``'s weight gradients held back by ``r`` backwards so that they fill the bubble the drain
 would leave. Groups of unequal size (``n`` not a multiple of ``p``) are allowed: the tests
 prove every order for up to 6 ranks, 4 stages per rank and 16 microbatches.
+
+Looped BFS (breadth first) runs every microbatch through a stage before the rank's next
+stage, then the backwards stage by stage from the last; its backwards keep microbatch order
+(torch's runs them last microbatch first, which sums each gradient in the reverse order of
+one process)::
+
+    LoopedBFS, 2 ranks, 2 stages each, 2 microbatches
+            rank 0:  0F0 0F1 2F0 2F1 2B0 2B1 0B0 0B1
+            rank 1:  1F0 1F1 3F0 3F1 3B0 3B1 1B0 1B1
+
+``BUILT_IN`` maps each built-in schedule's class name to its order: the schedules and the
+planner take them from there.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 from .actions import BWD, FWD, BWD_I, BWD_W, Action, RankOrders
 
@@ -118,6 +130,31 @@ def interleaved(num_ranks: int, local_stages: int, n_microbatches: int, backward
         actions += pending_weights
         orders[rank] = actions
     return orders
+
+
+def looped_bfs(num_ranks: int, local_stages: int, n_microbatches: int, backward: bool = True) -> RankOrders:
+    """Every microbatch's forward through each of the rank's stages in turn; then, from its last stage to its
+    first, every microbatch's backward in microbatch order."""
+    orders: RankOrders = {}
+    for rank in range(num_ranks):
+        stages = stages_of_rank(rank, num_ranks, num_ranks * local_stages)
+        actions = [Action(stage, FWD, m) for stage in stages for m in range(n_microbatches)]
+        if backward:
+            actions += [Action(stage, BWD, m) for stage in reversed(stages) for m in range(n_microbatches)]
+        orders[rank] = actions
+    return orders
+
+
+OrdersFn = Callable[[int, int, int, bool], RankOrders]  # (ranks, stages per rank, microbatches, backward) -> orders
+BUILT_IN: Dict[str, OrdersFn] = {
+    "ScheduleGPipe": lambda ranks, local, n, backward: gpipe(ranks, n, backward),
+    "Schedule1F1B": lambda ranks, local, n, backward: one_f_one_b(ranks, n, backward),
+    "ScheduleInterleaved1F1B": interleaved,
+    "ScheduleInterleavedZeroBubble": lambda ranks, local, n, backward: interleaved(ranks, local, n, backward,
+                                                                                   zero_bubble=True),
+    "ScheduleLoopedBFS": looped_bfs,
+}
+ONE_STAGE_PER_RANK = ("ScheduleGPipe", "Schedule1F1B")
 
 
 def count_by_stage(orders: RankOrders) -> Dict[int, int]:

@@ -28,7 +28,7 @@ from .units import Unit, units_of_rank
 
 __all__: List[str] = []
 
-SCHEDULES = ("ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble")
+SCHEDULES = tuple(orders.BUILT_IN)
 
 
 @dataclass(frozen=True)
@@ -67,13 +67,9 @@ class StageCosts:
 
 def schedule_orders(schedule: str, num_ranks: int, local: int, n: int) -> RankOrders:
     """The compute actions of a built-in schedule, by its class name."""
-    if schedule == "ScheduleGPipe":
-        return orders.gpipe(num_ranks, n)
-    if schedule == "Schedule1F1B":
-        return orders.one_f_one_b(num_ranks, n)
-    if schedule in ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble"):
-        return orders.interleaved(num_ranks, local, n, zero_bubble=schedule.endswith("ZeroBubble"))
-    raise ValueError(f"unknown schedule {schedule!r}; the built-in ones are {', '.join(SCHEDULES)}")
+    if schedule not in orders.BUILT_IN:
+        raise ValueError(f"unknown schedule {schedule!r}; the built-in ones are {', '.join(SCHEDULES)}")
+    return orders.BUILT_IN[schedule](num_ranks, local, n, True)
 
 
 def simulate(schedule: str, num_ranks: int, n_microbatches: int, batch: int, costs: StageCosts,
@@ -88,7 +84,7 @@ def simulate(schedule: str, num_ranks: int, n_microbatches: int, batch: int, cos
     if num_stages % num_ranks:
         raise ValueError(f"simulate: {num_stages} stages do not divide over {num_ranks} ranks")
     local = num_stages // num_ranks
-    if local > 1 and schedule in ("ScheduleGPipe", "Schedule1F1B"):
+    if local > 1 and schedule in orders.ONE_STAGE_PER_RANK:
         raise ValueError(f"simulate: {schedule} runs one stage per rank, not {local}")
     return simulate_orders(schedule_orders(schedule, num_ranks, local, n_microbatches), num_ranks, n_microbatches,
                            batch, costs, skips)
@@ -121,7 +117,7 @@ def autoplan(num_ranks: int, batch: int, costs: StageCosts, schedules: Optional[
     """
     local = len(costs.forward_ms) // num_ranks
     names = list(schedules) if schedules is not None else [
-        s for s in SCHEDULES if local == 1 or s not in ("ScheduleGPipe", "Schedule1F1B")]
+        s for s in SCHEDULES if local == 1 or s not in orders.ONE_STAGE_PER_RANK]
     counts = list(microbatches) if microbatches is not None else list(range(1, min(batch, 32) + 1))
     found = [(simulate(name, num_ranks, n, batch, costs), name, n) for name in names for n in counts if n <= batch]
     return sorted(found)

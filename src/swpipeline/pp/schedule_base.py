@@ -5,10 +5,13 @@ A schedule's constructor computes every rank's compute actions from the configur
 (``units.py``), and proves them together (``check.prove``) before anything is sent; a
 schedule that could hang is refused there, on every rank alike. ``step()`` splits the
 inputs into microbatches, runs this rank's plan (``runner.py``), then divides the summed
-gradients by ``n_microbatches`` when ``scale_grads``::
+gradients by ``n_microbatches`` when ``scale_grads``: only this step's, so that gradients
+accumulated over several steps without ``zero_grad`` add up each step's share (torch's divides
+the whole gradient at every step, earlier steps' shares again)::
 
     __init__   orders -> derive -> units (all ranks) -> prove -> this rank's plan and engine
-    step()     split -> run the plan (one iteration) -> scale grads -> losses, output
+    step()     split -> set earlier gradients aside -> run the plan (one iteration) -> scale this step's
+               gradients -> add the earlier ones back -> losses, output
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from .actions import BWD, BWD_W, Action, RankOrders, format_orders
+from .actions import BWD, BWD_W, Action, format_orders
 from .check import aligned_orders, prove
 from .comms import PipelineWork, Skip, derive
 from .compute import StageOps, StepState
 from .microbatches import merge_outputs, split_args, split_target
+from .orders import OrdersFn
 from .planner import StageCosts, costs_from_timelines, simulate_orders
 from .runner import RankRunner
 from .stage import PipelineStage
@@ -34,7 +38,6 @@ from .units import COMPUTE, RankUnits, units_of_rank
 
 __all__: List[str] = []
 
-OrdersFn = Callable[[int, int, int, bool], RankOrders]  # (ranks, stages per rank, microbatches, backward) -> orders
 DEFAULT_TIMEOUT_S = 300.0
 
 
@@ -181,12 +184,19 @@ class PipelineSchedule:
         arg_mbs, kwarg_mbs = split_args(args if self._has_first else (), kwargs, n)
         targets = split_target(target, n) if self._has_last else None
         state = StepState(arg_mbs, kwarg_mbs, targets)
-        self._runner(backward).run(state, trace)
-        if backward and self.scale_grads and n != 1:
+        scaled = backward and self.scale_grads and n != 1
+        earlier = _set_aside_gradients(self._stages) if scaled else []
+        try:
+            self._runner(backward).run(state, trace)
+        except BaseException:
+            _add_back(earlier)  # as unscaled as the step left them, plus what was there before
+            raise
+        if scaled:
             for stage in self._stages:
                 for param in stage.submod.parameters():
                     if param.grad is not None:
                         param.grad.div_(n)
+            _add_back(earlier)
         if self._has_last and losses is not None and state.losses:
             losses.clear()
             losses.extend(state.losses[m] for m in range(n))
@@ -208,6 +218,25 @@ class PipelineSchedule:
             self._runners[backward] = RankRunner(work, units[self.rank], self.rank, ops, self._transport,
                                                  self._stages[0].device, self._timeout)
         return self._runners[backward]
+
+
+def _set_aside_gradients(stages: Sequence[PipelineStage]) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    """Gradients accumulated before this step (no ``zero_grad`` since the last): a copy of each, the gradient
+    itself zeroed in place (so that this step sums its microbatches from zero, as one process does, and a view
+    into it, a DDP bucket's, stays one). Scaling then divides only this step's share."""
+    earlier = []
+    for stage in stages:
+        for param in stage.submod.parameters():
+            if param.grad is not None:
+                earlier.append((param.grad, param.grad.clone()))
+                param.grad.zero_()
+    return earlier
+
+
+def _add_back(earlier: List[Tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Add what ``_set_aside_gradients`` set aside to the gradients (this step's share first)."""
+    for grad, before in earlier:
+        grad.add_(before)
 
 
 def _check_stages(stages: Sequence[PipelineStage], who: str) -> List[PipelineStage]:

@@ -6,6 +6,7 @@ Each one is ``PipelineSchedule`` with its own action orders (``orders.py``)::
     Schedule1F1B(stage, n_microbatches, loss_fn=None, ..., scale_grads=True)
     ScheduleInterleaved1F1B(stages, n_microbatches, loss_fn=None, ..., scale_grads=True)
     ScheduleInterleavedZeroBubble(stages, n_microbatches, loss_fn=None, ..., scale_grads=True)
+    ScheduleLoopedBFS(stages, n_microbatches, loss_fn=None, output_merge_spec=None, scale_grads=True)
     ScheduleFromActions(stages, n_microbatches, actions, loss_fn=None, scale_grads=True)
 
 Every schedule also takes, keyword only, ``timeout=`` (seconds to wait for a rank to start
@@ -67,7 +68,7 @@ class ScheduleGPipe(PipelineScheduleSingle):
     """GPipe: every microbatch's forward, then every backward (fill and drain)."""
 
     def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
-        return orders.gpipe(ranks, n, backward)
+        return orders.BUILT_IN["ScheduleGPipe"](ranks, local, n, backward)
 
 
 class Schedule1F1B(PipelineScheduleSingle):
@@ -77,7 +78,7 @@ class Schedule1F1B(PipelineScheduleSingle):
     """
 
     def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
-        return orders.one_f_one_b(ranks, n, backward)
+        return orders.BUILT_IN["Schedule1F1B"](ranks, local, n, backward)
 
 
 class PipelineScheduleMulti(PipelineSchedule):
@@ -112,7 +113,7 @@ class ScheduleInterleaved1F1B(PipelineScheduleMulti):
     """Interleaved 1F1B: several stages per rank, microbatches through them in groups of ``ranks`` (depth first)."""
 
     def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
-        return orders.interleaved(ranks, local, n, backward)
+        return orders.BUILT_IN["ScheduleInterleaved1F1B"](ranks, local, n, backward)
 
 
 class ScheduleInterleavedZeroBubble(PipelineScheduleMulti):
@@ -120,7 +121,25 @@ class ScheduleInterleavedZeroBubble(PipelineScheduleMulti):
     held back to fill the bubble at the end of the step."""
 
     def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
-        return orders.interleaved(ranks, local, n, backward, zero_bubble=True)
+        return orders.BUILT_IN["ScheduleInterleavedZeroBubble"](ranks, local, n, backward)
+
+
+class ScheduleLoopedBFS(PipelineScheduleMulti):
+    """Looped breadth-first: several stages per rank (placed in a loop), every microbatch through one stage before
+    the next; the backwards from the rank's last stage to its first, each stage's in microbatch order (torch's
+    runs them last microbatch first, which sums each gradient in the reverse of one process's order).
+
+    torch's arguments (no chunk specs), in torch's order."""
+
+    def __init__(self, stages: Sequence[PipelineStage], n_microbatches: int, loss_fn: LossFn = None,
+                 output_merge_spec: Any = None, scale_grads: bool = True, backward_requires_autograd: bool = True,
+                 defer_pp_recv: bool = False, *, timeout: float = DEFAULT_TIMEOUT_S, skips: Iterable[Skip] = ()
+                 ) -> None:
+        super().__init__(stages, n_microbatches, loss_fn, None, None, output_merge_spec, scale_grads,
+                         backward_requires_autograd, defer_pp_recv, timeout=timeout, skips=skips)
+
+    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
+        return orders.BUILT_IN["ScheduleLoopedBFS"](ranks, local, n, backward)
 
 
 class ScheduleFromActions(PipelineScheduleMulti):
