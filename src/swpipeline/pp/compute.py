@@ -10,6 +10,9 @@ the gradient of each input in its ``.grad``, which goes back to the stage it cam
     I(s, m):  the inputs' gradients only (autograd.grad, keeping the graph)
     W(s, m):  the parameters' gradients (autograd.backward into the parameters only)
 
+With a stage's ``dw_builder``, ``I`` is a whole backward, then ``dw_builder()`` kept for ``W``
+to call; ``B`` is a whole backward, then ``dw_builder()()``.
+
 The last stage's output goes to ``loss_fn(output, target)`` and its backward starts from
 that loss; ``step()`` divides the summed gradients by ``n_microbatches`` at the end when
 ``scale_grads``. So each parameter's gradient is computed by the same operations as in one
@@ -56,6 +59,7 @@ class StepState:
     grads: Dict[Edge, Values] = field(default_factory=dict)  # gradients of an output, by the stage they come from
     input_grads: Dict[Edge, Values] = field(default_factory=dict)  # gradients of an input, to send to its source
     weight_pending: Dict[Tuple[int, int], Tuple[Values, Values]] = field(default_factory=dict)  # after I, for W
+    weight_runners: Dict[Tuple[int, int], Callable[[], Any]] = field(default_factory=dict)  # dw_builder()'s, for W
     losses: Dict[int, torch.Tensor] = field(default_factory=dict)
     results: Dict[int, Any] = field(default_factory=dict)  # the last stage's raw outputs
 
@@ -154,16 +158,24 @@ class StageOps:
             state.input_grads[(s, m, src)] = tuple(grads[at:at + width])
             at += width
 
-    def full_backward(self, s: int, m: int, state: StepState) -> None:
+    def full_backward(self, s: int, m: int, state: StepState, last: Optional[Action] = None) -> None:
         saved = state.saved.pop((s, m))
         roots, grads = self._roots(s, m, saved.outputs, state)
         if roots:
-            with backward_sync(self.stages[s].submod, roots, self.last_backward.get(s) == Action(s, BWD, m)):
+            with backward_sync(self.stages[s].submod, roots, self.last_backward.get(s) == (last or Action(s, BWD, m))):
                 torch.autograd.backward(roots, grad_tensors=grads)
         if not self.stages[s].is_first:
             self._send_input_grads(s, m, saved, [self._take_grad(v) for v in saved.inputs], state)
+        builder = self.stages[s].dw_builder
+        if builder is not None and last is None:
+            builder()()
 
     def input_backward(self, s: int, m: int, state: StepState) -> None:
+        builder = self.stages[s].dw_builder
+        if builder is not None:  # the submodule defers its weights' gradients: a whole backward, W runs the rest
+            self.full_backward(s, m, state, last=Action(s, BWD_W, m))
+            state.weight_runners[(s, m)] = builder()
+            return
         saved = state.saved.pop((s, m))
         roots, grads = self._roots(s, m, saved.outputs, state)
         if not self.stages[s].is_first:
@@ -178,6 +190,10 @@ class StageOps:
         state.weight_pending[(s, m)] = (tuple(roots), tuple(grads))
 
     def weight_backward(self, s: int, m: int, state: StepState) -> None:
+        runner = state.weight_runners.pop((s, m), None)
+        if runner is not None:
+            runner()
+            return
         roots, grads = state.weight_pending.pop((s, m))
         params = [p for p in self.stages[s].submod.parameters() if p.requires_grad]
         if roots and params:

@@ -26,8 +26,12 @@ class PipelineStage:
         device: where the submodule and its inputs live.
         group: the process group of the pipeline's ranks (None: the default group). Stage
             ``s`` runs on the rank ``s % group size`` of the group.
-        dw_builder: not supported (the weight gradients of a split backward are computed by
-            autograd); must be None. ``get_mesh`` (DTensor metadata) is accepted and not used.
+        dw_builder: for a split backward (``I`` then ``W``, the zero-bubble schedules): a function
+            that returns a function computing this stage's weight gradients. With it, ``I`` runs
+            autograd's whole backward (the submodule defers its weights' gradients itself), then
+            calls ``dw_builder()`` and keeps what it returns; the microbatch's ``W`` calls that. A
+            whole backward (``B``) runs autograd, then ``dw_builder()()`` at once. As torch's.
+            ``get_mesh`` (DTensor metadata) is accepted and not used.
 
     Raises:
         TypeError: ``submodule`` is not an ``nn.Module``.
@@ -48,13 +52,14 @@ class PipelineStage:
         if not 0 <= stage_index < num_stages:
             raise ValueError(f"PipelineStage: stage_index {stage_index} is out of range for num_stages={num_stages} "
                              f"(stages count from 0)")
-        if dw_builder is not None:
-            raise ValueError("PipelineStage: dw_builder is not supported: the weight gradients of a split backward "
-                             "(I, W) are computed by autograd; pass dw_builder=None")
+        if dw_builder is not None and not callable(dw_builder):
+            raise TypeError(f"PipelineStage: dw_builder must be None or a function returning the function that "
+                            f"computes the weight gradients, got {type(dw_builder).__name__}")
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("PipelineStage: torch.distributed is not initialized; call "
                                "torch.distributed.init_process_group() first (torchrun sets up what it needs)")
         self.submod = submodule
+        self.dw_builder = dw_builder
         self.stage_index = stage_index
         self.num_stages = num_stages
         self.device = torch.device(device)
