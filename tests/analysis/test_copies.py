@@ -42,7 +42,7 @@ Action = Callable[["Job", IterContext], Any]
 
 class Row(NamedTuple):
     action: Action
-    target: str  # what Look reads (ctx.x, ctx.d, ctx.sd, ctx.empty, model, opt), and what a write row writes
+    target: str  # what Look reads (a context attribute, model or opt), and what a write row writes
     writes: FrozenSet[str] = frozenset()  # for a read row, what else it writes (that Look does not read)
 
 
@@ -102,6 +102,8 @@ WRITES: Dict[str, Row] = {
     "resize_": Row(lambda j, c: c.x.resize_(2, 2), "ctx.x"),
     "resize_ of an empty tensor": Row(lambda j, c: c.empty.resize_(2).fill_(1), "ctx.empty"),
     "copy_ into": Row(lambda j, c: c.x.copy_(torch.zeros(2, 3)), "ctx.x"),
+    "two rows written, a view of one read": Row(lambda j, c: (c.x[1].add_(1), c.x[0].add_(1)), "ctx.head"),
+    "a list appended to, then read again": Row(lambda j, c: (c.log.append(len(c.log)), len(c.log)), "ctx.log"),
     "a foreach operator (an optimizer's)": Row(lambda j, c: torch._foreach_mul_([c.sd["bias"], c.x], 2), "ctx.x"),
     "load_state_dict into a module a task reads": Row(
         lambda j, c: j.model.load_state_dict(j.other.state_dict()), "model"),
@@ -129,6 +131,7 @@ class Job:
         ctx.sd = {k: v.clone() for k, v in self.initial.items()}
         ctx.empty = torch.empty(0)
         ctx.head = ctx.x[0]
+        ctx.log = [0]
 
     def act(self, ctx: IterContext) -> None:
         self.made.append(plain(self.action(self, ctx)))

@@ -40,10 +40,16 @@ from .schedules import ScheduleInterleaved1F1B as ScheduleInterleaved1F1B
 from .schedules import ScheduleInterleavedZeroBubble as ScheduleInterleavedZeroBubble
 from .schedules import ScheduleLoopedBFS as ScheduleLoopedBFS
 from .stage import PipelineStage as PipelineStage
+from .tracer import Pipe as Pipe
+from .tracer import SplitPoint as SplitPoint
+from .tracer import build_stage as build_stage
+from .tracer import pipe_split as pipe_split
+from .tracer import pipeline as pipeline
 
 __all__: List[str] = [
     "Action",
     "Kind",
+    "Pipe",
     "PipelineRankError",
     "PipelineSchedule",
     "PipelineScheduleMulti",
@@ -57,7 +63,11 @@ __all__: List[str] = [
     "ScheduleInterleaved1F1B",
     "ScheduleInterleavedZeroBubble",
     "ScheduleLoopedBFS",
+    "SplitPoint",
     "StageCosts",
     "autoplan",
+    "build_stage",
+    "pipe_split",
+    "pipeline",
     "simulate",
 ]

@@ -176,9 +176,13 @@ class ScheduleFromActions(PipelineScheduleMulti):
 
 
 def _check_skips(who: str, skips: Iterable[Skip], stages: Sequence[Any]) -> List[Skip]:
-    """Skip connections as (earlier stage, later stage) pairs, at least two stages apart."""
+    """Skip connections as (earlier stage, later stage) pairs, at least two stages apart; none given: those of the
+    traced model the stages were built from (``tracer.py``)."""
     found: List[Skip] = []
-    for pair in skips:
+    given = list(skips)
+    if not given and stages and isinstance(stages[0], PipelineStage):
+        given = list(stages[0].skips)
+    for pair in given:
         if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(s, int) for s in pair)):
             raise TypeError(f"{who}: skips are (from stage, to stage) pairs of ints, got {pair!r}")
         a, b = pair

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -60,6 +60,7 @@ class PipelineStage:
                                "torch.distributed.init_process_group() first (torchrun sets up what it needs)")
         self.submod = submodule
         self.dw_builder = dw_builder
+        self.skips: Tuple[Tuple[int, int], ...] = ()  # skip connections a traced model has (tracer.py)
         self.stage_index = stage_index
         self.num_stages = num_stages
         self.device = torch.device(device)
