@@ -20,6 +20,7 @@ from test_pp_support import BATCH, exact_on_rank
 
 SINGLE = ("ScheduleGPipe", "Schedule1F1B")
 MULTI = ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble", "ScheduleLoopedBFS")
+V_SHAPED = ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")  # two stages per rank, in a V
 
 
 def _run(world: int, configs: Sequence[Tuple[str, int, int]], timeout: float) -> List[Dict[str, Any]]:
@@ -40,17 +41,19 @@ def _assert_exact(results: List[Dict[str, Any]]) -> None:
 
 def test_every_schedule_is_exact_on_two_ranks() -> None:
     configs = [(name, n, 1) for name in SINGLE for n in range(1, 9)]
-    configs += [(name, n, 2) for name in MULTI for n in (1, 2, 3, 5, 8)]
+    configs += [(name, n, 2) for name in MULTI + V_SHAPED[:1] for n in (1, 2, 3, 5, 8)]
+    configs += [("ScheduleDualPipeV", n, 2) for n in (4, 5, 8)]
     results = _run(2, configs, timeout=150)
     assert len(results) == 2 * len(configs)
     _assert_exact(results)
     compared = [r for r in results if r["torch"] is True]
-    assert {r["config"][0] for r in compared} == set(SINGLE + MULTI)  # torch's own result checked for each
+    assert {r["config"][0] for r in compared} == set(SINGLE + MULTI + V_SHAPED)  # torch's own checked for each
 
 
 def test_every_schedule_is_exact_on_four_ranks() -> None:
     configs = [(name, n, 1) for name in SINGLE for n in (1, 3, 4, 8)]
-    configs += [(name, n, 2) for name in MULTI for n in (2, 4, 7)]
+    configs += [(name, n, 2) for name in MULTI + V_SHAPED[:1] for n in (2, 4, 7)]
+    configs += [("ScheduleDualPipeV", 8, 2)]
     results = _run(4, configs, timeout=240)
     assert len(results) == 4 * len(configs)
     _assert_exact(results)

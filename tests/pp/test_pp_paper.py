@@ -22,8 +22,9 @@ from swpipeline.pp import check, comms, orders, units
 from swpipeline.pp.actions import RankOrders, format_orders, parse_orders
 
 
-def _units(o: RankOrders, ranks: int, stages: int, n: int, backward: bool = True) -> Dict[int, units.RankUnits]:
-    work = comms.derive(o, ranks, stages, n, backward)
+def _units(o: RankOrders, ranks: int, stages: int, n: int, backward: bool = True,
+           placement: str = "loop") -> Dict[int, units.RankUnits]:
+    work = comms.derive(o, ranks, stages, n, backward, placement=placement)
     return {r: units.units_of_rank(work, r) for r in range(ranks)}
 
 
@@ -91,7 +92,8 @@ def test_looped_bfs_runs_every_microbatch_through_a_stage_before_the_next() -> N
     assert _text(orders.looped_bfs(2, 1, 3)) == _text(orders.gpipe(2, 3))  # one stage per rank: GPipe
     assert _text(orders.looped_bfs(2, 2, 2, backward=False)) == {0: "0F0 0F1 2F0 2F1", 1: "1F0 1F1 3F0 3F1"}
     assert set(orders.BUILT_IN) == {"ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
-                                    "ScheduleInterleavedZeroBubble", "ScheduleLoopedBFS"}
+                                    "ScheduleInterleavedZeroBubble", "ScheduleLoopedBFS", "ScheduleZBVZeroBubble",
+                                    "ScheduleDualPipeV"}
 
 
 def test_side_by_side_on_paper() -> None:
@@ -213,32 +215,67 @@ def _cost(unit: units.Unit) -> float:
     return 0.5 if unit.role == "recv" and unit.message is not None else 0.0
 
 
-def _built_ins() -> Iterator[Tuple[str, int, int, int, RankOrders]]:
-    """Every schedule the package builds for 1-4 ranks, 1-3 stages per rank, 1-12 microbatches."""
+def _built_ins() -> Iterator[Tuple[str, int, int, int, RankOrders, str]]:
+    """Every schedule the package builds for 1-4 ranks, 1-3 stages per rank, 1-12 microbatches, with its
+    placement."""
     for ranks, n in itertools.product((1, 2, 3, 4), range(1, 13)):
-        yield "gpipe", ranks, 1, n, orders.gpipe(ranks, n)
-        yield "1f1b", ranks, 1, n, orders.one_f_one_b(ranks, n)
+        yield "gpipe", ranks, 1, n, orders.gpipe(ranks, n), "loop"
+        yield "1f1b", ranks, 1, n, orders.one_f_one_b(ranks, n), "loop"
         for local in (1, 2, 3):
-            yield "interleaved", ranks, local, n, orders.interleaved(ranks, local, n)
-            yield "zero bubble", ranks, local, n, orders.interleaved(ranks, local, n, zero_bubble=True)
-            yield "looped bfs", ranks, local, n, orders.looped_bfs(ranks, local, n)
+            yield "interleaved", ranks, local, n, orders.interleaved(ranks, local, n), "loop"
+            yield "zero bubble", ranks, local, n, orders.interleaved(ranks, local, n, zero_bubble=True), "loop"
+            yield "looped bfs", ranks, local, n, orders.looped_bfs(ranks, local, n), "loop"
+        yield "zbv", ranks, 2, n, orders.zbv_zero_bubble(ranks, 2, n), "v"
+        if n >= 2 * ranks:
+            yield "dualpipev", ranks, 2, n, orders.dual_pipe_v(ranks, 2, n), "v"
 
 
 def test_every_built_in_order_is_proved_as_the_old_rule_did_and_keeps_each_stage_s_backwards_in_order() -> None:
     count = 0
-    for name, ranks, local, n, o in _built_ins():
-        schedules = _units(o, ranks, ranks * local, n)
+    for name, ranks, local, n, o, placement in _built_ins():
+        schedules = _units(o, ranks, ranks * local, n, placement=placement)
         # proved by the interpreter (it raises if the order could hang), with the paper times the old rule gave
         assert check.paper_times(schedules, _cost) == reference_times(schedules, _cost), (name, ranks, local, n)
         count += 1
         for actions in o.values():
-            for kinds in ("B", "I", "W"):  # gradients summed in microbatch order: the bits of one process
+            for kinds in ("B", "I", "BW"):  # gradients summed in microbatch order: the bits of one process
                 per_stage: Dict[int, List[int]] = {}
                 for a in actions:
-                    if a.kind.value == kinds:
+                    if a.kind.value in kinds:
                         per_stage.setdefault(a.stage, []).append(a.microbatch)
                 assert all(ms == sorted(ms) for ms in per_stage.values()), (name, ranks, local, n)
-    assert count == 4 * 12 * 11
+    assert count == 4 * 12 * 11 + 4 * 12 + sum(13 - 2 * p for p in (1, 2, 3, 4))
+
+
+def test_the_v_shaped_orders_are_torch_s() -> None:
+    import torch.distributed.pipelining.schedules as torch_schedules
+
+    def theirs(cls: Any, ranks: int, n: int) -> Dict[int, str]:
+        schedule = object.__new__(cls)  # only what its order reads
+        schedule.pp_group_size, schedule.num_stages, schedule._num_stages = ranks, 2 * ranks, 2 * ranks
+        schedule._n_microbatches = n
+        found = {}
+        for rank in range(ranks):
+            flat = []
+            for action in schedule._calculate_single_rank_operations(rank):
+                for one in getattr(action, "sub_actions", None) or ([action] if action is not None else []):
+                    flat.append(str(one).replace("FULL_BACKWARD", "B"))
+            found[rank] = " ".join(flat)
+        return found
+
+    compared = 0
+    for ranks in (1, 2, 3, 4):
+        for n in range(1, 13):
+            assert _text(orders.zbv_zero_bubble(ranks, 2, n)) == theirs(torch_schedules.ScheduleZBVZeroBubble, ranks, n)
+            compared += 1
+            if n >= 2 * ranks:
+                assert _text(orders.dual_pipe_v(ranks, 2, n)) == theirs(torch_schedules.ScheduleDualPipeV, ranks, n)
+                compared += 1
+    assert compared == 48 + 32
+    assert _text(orders.zbv_zero_bubble(2, 2, 4))[1] == (
+        "1F0 2F0 1F1 2F1 2I0 2W0 1F2 1I0 1W0 2F2 2I1 2W1 1F3 1I1 1W1 2F3 2I2 2W2 1I2 2I3 1I3 1W2 2W3 1W3")
+    with pytest.raises(ValueError, match="ScheduleDualPipeV needs at least 4 microbatches on 2 ranks, not 3"):
+        orders.dual_pipe_v(2, 2, 3)
 
 
 def _reordered() -> Iterator[Tuple[Dict[int, units.RankUnits], str]]:

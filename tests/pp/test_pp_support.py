@@ -65,8 +65,11 @@ def run_schedule(lib: Any, name: str, rank: int, world: int, n: int, local: int,
     stages' gradients (by stage), its losses and its output."""
     import torch.distributed as dist
 
+    from swpipeline.pp.orders import placement_of
+    from swpipeline.pp.placement import stages_of
+
     num_stages = world * local
-    stages_idx = list(range(rank, num_stages, world))
+    stages_idx = stages_of(rank, world, num_stages, placement_of(name))
     modules = {s: stage_module(model, s, num_stages) for s in stages_idx}
     stages = [lib.PipelineStage(modules[s], s, num_stages, torch.device("cpu")) for s in stages_idx]
     cls = getattr(lib, name)
@@ -88,6 +91,8 @@ def exact_on_rank(rank: int, world: int, configs: Sequence[Tuple[str, int, int]]
     import torch.distributed.pipelining as torch_pp
 
     import swpipeline.pp as ours
+    from swpipeline.pp.orders import placement_of
+    from swpipeline.pp.placement import stages_of
 
     model = make_model()
     x, y = make_batch()
@@ -95,7 +100,8 @@ def exact_on_rank(rank: int, world: int, configs: Sequence[Tuple[str, int, int]]
     for name, n, local in configs:
         num_stages = world * local
         ref, ref_losses = reference_grads(model, x, y, n)
-        want = {s: ref[stage_param_slice(model, s, num_stages)] for s in range(rank, num_stages, world)}
+        mine = stages_of(rank, world, num_stages, placement_of(name))
+        want = {s: ref[stage_param_slice(model, s, num_stages)] for s in mine}
         result: Dict[str, Any] = {"config": (name, n, local), "rank": rank}
         got = run_schedule(ours, name, rank, world, n, local, model, x, y)
         result["ours"] = _same(got["grads"], want)

@@ -34,11 +34,13 @@ from .schedule_base import PipelineSchedule as PipelineSchedule
 from .schedules import PipelineScheduleMulti as PipelineScheduleMulti
 from .schedules import PipelineScheduleSingle as PipelineScheduleSingle
 from .schedules import Schedule1F1B as Schedule1F1B
+from .schedules import ScheduleDualPipeV as ScheduleDualPipeV
 from .schedules import ScheduleFromActions as ScheduleFromActions
 from .schedules import ScheduleGPipe as ScheduleGPipe
 from .schedules import ScheduleInterleaved1F1B as ScheduleInterleaved1F1B
 from .schedules import ScheduleInterleavedZeroBubble as ScheduleInterleavedZeroBubble
 from .schedules import ScheduleLoopedBFS as ScheduleLoopedBFS
+from .schedules import ScheduleZBVZeroBubble as ScheduleZBVZeroBubble
 from .stage import PipelineStage as PipelineStage
 from .tracer import Pipe as Pipe
 from .tracer import SplitPoint as SplitPoint
@@ -57,12 +59,14 @@ __all__: List[str] = [
     "PipelineStage",
     "RankTimeoutError",
     "Schedule1F1B",
+    "ScheduleDualPipeV",
     "ScheduleFromActions",
     "ScheduleGPipe",
     "ScheduleHangError",
     "ScheduleInterleaved1F1B",
     "ScheduleInterleavedZeroBubble",
     "ScheduleLoopedBFS",
+    "ScheduleZBVZeroBubble",
     "SplitPoint",
     "StageCosts",
     "autoplan",

@@ -24,6 +24,7 @@ from typing import Dict, List, Mapping, NamedTuple, Sequence, Tuple
 
 from .actions import BACKWARD_KINDS, BWD, FWD, BWD_I, BWD_W, Action, Kind, RankOrders
 from .errors import ScheduleHangError
+from .placement import LOOP, rank_of, rule
 
 __all__: List[str] = []
 
@@ -87,19 +88,20 @@ class PipelineWork:
     backward: bool
     ranks: Dict[int, RankWork]
     skips: Tuple[Skip, ...] = ()
+    placement: str = LOOP  # placement.py
 
     def rank_of(self, stage: int) -> int:
-        return stage % self.num_ranks
+        return rank_of(stage, self.num_ranks, self.placement)
 
 
 def derive(orders: RankOrders, num_ranks: int, num_stages: int, n_microbatches: int, backward: bool,
-           skips: Sequence[Skip] = ()) -> PipelineWork:
+           skips: Sequence[Skip] = (), placement: str = LOOP) -> PipelineWork:
     """Check every stage's work complete, then derive each rank's messages (see the module docstring).
 
     Raises:
         ValueError: an action on the wrong rank, out of range, missing, repeated or out of order.
     """
-    _check_complete(orders, num_ranks, num_stages, n_microbatches, backward)
+    _check_complete(orders, num_ranks, num_stages, n_microbatches, backward, placement)
     position = {(rank, action): k for rank, actions in orders.items() for k, action in enumerate(actions)}
     finder = _Finder(orders)
     messages: List[Message] = []
@@ -107,9 +109,9 @@ def derive(orders: RankOrders, num_ranks: int, num_stages: int, n_microbatches: 
         targets = ([stage + 1] if stage + 1 < num_stages else []) + sorted(t for s, t in skips if s == stage)
         for dst in targets:
             for m in range(n_microbatches):
-                messages.append(_message("F", stage, dst, m, num_ranks, finder))
+                messages.append(_message("F", stage, dst, m, num_ranks, finder, placement))
                 if backward:
-                    messages.append(_message("B", dst, stage, m, num_ranks, finder))
+                    messages.append(_message("B", dst, stage, m, num_ranks, finder, placement))
     ranks = {rank: RankWork(rank, list(actions)) for rank, actions in orders.items()}
     for rank in range(num_ranks):
         ranks.setdefault(rank, RankWork(rank, []))
@@ -125,7 +127,7 @@ def derive(orders: RankOrders, num_ranks: int, num_stages: int, n_microbatches: 
             # the producing rank's order; two messages of one action: by the consumer's stage
             channel.sort(key=lambda msg: (position[(msg.src_rank, msg.producer)], msg.dst_stage))
         work.peers = sorted(set(work.sends) | set(work.recvs))
-    return PipelineWork(num_ranks, num_stages, n_microbatches, backward, ranks, tuple(skips))
+    return PipelineWork(num_ranks, num_stages, n_microbatches, backward, ranks, tuple(skips), placement)
 
 
 def _check_handed_over(msg: Message, position: Mapping[Tuple[int, Action], int]) -> None:
@@ -159,21 +161,23 @@ class _Finder:
         return Action(stage, self.kinds.get((stage, microbatch), BWD), microbatch)
 
 
-def _message(kind: str, src: int, dst: int, m: int, num_ranks: int, finder: _Finder) -> Message:
+def _message(kind: str, src: int, dst: int, m: int, num_ranks: int, finder: _Finder, placement: str) -> Message:
     if kind == "F":
         producer, consumer = Action(src, FWD, m), Action(dst, FWD, m)
     else:
         producer, consumer = finder.backward(src, m), finder.backward(dst, m)
-    return Message(kind, src, dst, m, src % num_ranks, dst % num_ranks, producer, consumer)
+    return Message(kind, src, dst, m, rank_of(src, num_ranks, placement), rank_of(dst, num_ranks, placement), producer,
+                   consumer)
 
 
-def _check_complete(orders: RankOrders, num_ranks: int, num_stages: int, n_microbatches: int, backward: bool) -> None:
+def _check_complete(orders: RankOrders, num_ranks: int, num_stages: int, n_microbatches: int, backward: bool,
+                    placement: str) -> None:
     seen: Dict[Tuple[int, Kind, int], int] = {}
     for rank in sorted(orders):
         if not 0 <= rank < num_ranks:
             raise ValueError(f"actions: rank {rank} is not in the pipeline's ranks 0..{num_ranks - 1}")
         for k, action in enumerate(orders[rank]):
-            _check_action(rank, k, action, num_ranks, num_stages, n_microbatches, backward)
+            _check_action(rank, k, action, num_ranks, num_stages, n_microbatches, backward, placement)
             key = (action.stage, action.kind, action.microbatch)
             if key in seen:
                 raise ValueError(f"actions: rank {rank} runs {action} twice (steps {seen[key]} and {k}); each stage "
@@ -188,7 +192,7 @@ def _check_complete(orders: RankOrders, num_ranks: int, num_stages: int, n_micro
                                  f"{Action(action.stage, BWD_I, action.microbatch)}; the weight gradient (W) needs the "
                                  f"input gradient (I) first: move it after the I")
     for stage in range(num_stages):
-        rank = stage % num_ranks
+        rank = rank_of(stage, num_ranks, placement)
         for m in range(n_microbatches):
             needed = [FWD]
             if backward:
@@ -205,16 +209,17 @@ def _check_complete(orders: RankOrders, num_ranks: int, num_stages: int, n_micro
 
 
 def _check_action(rank: int, k: int, action: Action, num_ranks: int, num_stages: int, n_microbatches: int,
-                  backward: bool) -> None:
+                  backward: bool, placement: str) -> None:
     where = f"actions: rank {rank}, step {k}: {action}"
     if not action.is_compute:
         raise ValueError(f"{where} is a communication action; list only compute actions (F, B, I, W): the sends "
                          f"and receives are derived from them")
     if not 0 <= action.stage < num_stages:
         raise ValueError(f"{where} names stage {action.stage}; the stages are 0..{num_stages - 1}")
-    if action.stage % num_ranks != rank:
-        raise ValueError(f"{where} belongs to stage {action.stage}, which lives on rank {action.stage % num_ranks} "
-                         f"(stage s lives on rank s % {num_ranks}): move it to rank {action.stage % num_ranks}'s list")
+    home = rank_of(action.stage, num_ranks, placement)
+    if home != rank:
+        raise ValueError(f"{where} belongs to stage {action.stage}, which lives on rank {home} "
+                         f"({rule(num_ranks, placement)}): move it to rank {home}'s list")
     if not 0 <= action.microbatch < n_microbatches:
         raise ValueError(f"{where} names microbatch {action.microbatch}; the microbatches are 0..{n_microbatches - 1}")
     if not backward and action.kind is not FWD:

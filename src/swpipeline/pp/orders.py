@@ -37,16 +37,12 @@ planner take them from there.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional, Tuple
 
-from .actions import BWD, FWD, BWD_I, BWD_W, Action, RankOrders
+from .actions import BWD, FWD, BWD_I, BWD_W, Action, Kind, RankOrders
+from .placement import LOOP, V, stages_of
 
 __all__: List[str] = []
-
-
-def stages_of_rank(rank: int, num_ranks: int, num_stages: int) -> List[int]:
-    """The stages rank ``rank`` holds under looped placement, in pipeline order."""
-    return list(range(rank, num_stages, num_ranks))
 
 
 def gpipe(num_ranks: int, n_microbatches: int, backward: bool = True) -> RankOrders:
@@ -137,11 +133,140 @@ def looped_bfs(num_ranks: int, local_stages: int, n_microbatches: int, backward:
     first, every microbatch's backward in microbatch order."""
     orders: RankOrders = {}
     for rank in range(num_ranks):
-        stages = stages_of_rank(rank, num_ranks, num_ranks * local_stages)
+        stages = stages_of(rank, num_ranks, num_ranks * local_stages)
         actions = [Action(stage, FWD, m) for stage in stages for m in range(n_microbatches)]
         if backward:
             actions += [Action(stage, BWD, m) for stage in reversed(stages) for m in range(n_microbatches)]
         orders[rank] = actions
+    return orders
+
+
+class _VRank:
+    """One rank's order under V placement, built action by action: its two stages (``down``, the first it holds, and
+    ``up``, the one on the way back), and per stage the next microbatch of each kind; a ``W`` queue behind the I's."""
+
+    def __init__(self, rank: int, num_ranks: int, n_microbatches: int) -> None:
+        self.down, self.up = rank, 2 * num_ranks - 1 - rank
+        self.n = n_microbatches
+        self.actions: List[Action] = []
+        self.next: Dict[Tuple[int, str], int] = {}
+        self.weights: List[Action] = []
+
+    def add(self, stage: int, kind: Kind) -> None:
+        """The stage's next microbatch of ``kind`` (a B counts as that microbatch's I and W)."""
+        counter = "B" if kind in (BWD, BWD_I) else kind.value
+        m = self.next.get((stage, counter), 0)
+        self.next[(stage, counter)] = m + 1
+        if kind is BWD_I:
+            self.weights.append(Action(stage, BWD_W, m))
+        if m < self.n:
+            self.actions.append(Action(stage, kind, m))
+
+    def weight(self, stage: Optional[int] = None) -> None:
+        """The oldest W not yet run (of ``stage``, if given), if any."""
+        for k, action in enumerate(self.weights):
+            if stage is None or action.stage == stage:
+                del self.weights[k]
+                if action.microbatch < self.n:
+                    self.actions.append(action)
+                return
+
+    def count(self, stage: int, kind: str) -> int:
+        """How many microbatches of ``stage`` have had ``kind`` (F, or B for B and I) so far."""
+        return self.next.get((stage, kind), 0)
+
+
+def zbv_zero_bubble(num_ranks: int, local_stages: int, n_microbatches: int, backward: bool = True) -> RankOrders:
+    """ZBV: two stages per rank in a V; forwards down the V and back up, each backward split in I then W (the W
+    right behind its I, but in the drain, where they fill the bubble: the first stage's, then the second's). With
+    fewer than ``2p - 1`` microbatches, the order of ``2p - 1`` without the actions of the missing ones."""
+    orders: RankOrders = {}
+    n = max(2 * num_ranks - 1, n_microbatches)
+    for rank in range(num_ranks):
+        r = _VRank(rank, num_ranks, n_microbatches)
+        down, up = r.down, r.up
+        if not backward:
+            for stage in (down, up):
+                for _ in range(n):
+                    r.add(stage, FWD)
+            orders[rank] = r.actions
+            continue
+        for _ in range(2 * (num_ranks - rank) - 1):
+            r.add(down, FWD)
+        for _ in range(rank):
+            r.add(up, FWD)
+            r.add(down, FWD)
+        for _ in range(num_ranks - rank):
+            r.add(up, FWD)
+            r.add(up, BWD_I)
+            r.weight(up)
+        while r.count(up, "F") < r.count(down, "F") or r.count(down, "F") < n:
+            if r.count(down, "F") < n:
+                r.add(down, FWD)
+            r.add(down, BWD_I)
+            r.weight(down)
+            r.add(up, FWD)
+            r.add(up, BWD_I)
+            r.weight(up)
+        for _ in range(rank):
+            r.add(down, BWD_I)
+            r.add(up, BWD_I)
+        for _ in range(num_ranks - rank):
+            r.add(down, BWD_I)
+            r.weight(down)
+        for stage in (up, down):
+            while any(w.stage == stage for w in r.weights):
+                r.weight(stage)
+        orders[rank] = r.actions
+    return orders
+
+
+def dual_pipe_v(num_ranks: int, local_stages: int, n_microbatches: int, backward: bool = True) -> RankOrders:
+    """DualPipeV: two stages per rank in a V, the microbatches fed from the first stage only; in the steady state
+    a forward of one stage beside a backward of the other, the second half of the drain in I and W. Needs at least
+    ``2p`` microbatches."""
+    reason = unfit("ScheduleDualPipeV", num_ranks, local_stages, n_microbatches)
+    if reason is not None:
+        raise ValueError(reason)
+    if not backward:
+        return zbv_zero_bubble(num_ranks, local_stages, n_microbatches, backward=False)
+    orders: RankOrders = {}
+    for rank in range(num_ranks):
+        r = _VRank(rank, num_ranks, n_microbatches)
+        down, up = r.down, r.up
+        for _ in range(2 * (num_ranks - rank - 1)):
+            r.add(down, FWD)
+        for _ in range(rank + 1):
+            r.add(down, FWD)
+            r.add(up, FWD)
+        for _ in range(num_ranks - rank - 1):
+            r.add(up, BWD_I)
+            r.weight()
+            r.add(up, FWD)
+        for k in range(n_microbatches - 2 * num_ranks + rank + 1):  # a forward of one beside a backward of the other
+            r.add(down, FWD)
+            r.add(up, BWD)
+            r.add(up, FWD)
+            r.add(down, BWD)
+        for _ in range(num_ranks - rank - 1):
+            r.add(up, BWD)
+            r.add(up, FWD)
+            r.add(down, BWD)
+        split = False
+        half = (rank + 1) // 2
+        for k in range(rank + 1):
+            if k == half and rank % 2 == 1:
+                split = True
+            r.add(up, BWD_I if split else BWD)
+            if k == half and rank % 2 == 0:
+                split = True
+            r.add(down, BWD_I if split else BWD)
+        for _ in range(num_ranks - rank - 1):
+            r.weight()
+            r.add(down, BWD_I if split else BWD)
+        while r.weights:
+            r.weight()
+        orders[rank] = r.actions
     return orders
 
 
@@ -153,8 +278,27 @@ BUILT_IN: Dict[str, OrdersFn] = {
     "ScheduleInterleavedZeroBubble": lambda ranks, local, n, backward: interleaved(ranks, local, n, backward,
                                                                                    zero_bubble=True),
     "ScheduleLoopedBFS": looped_bfs,
+    "ScheduleZBVZeroBubble": zbv_zero_bubble,
+    "ScheduleDualPipeV": dual_pipe_v,
 }
 ONE_STAGE_PER_RANK = ("ScheduleGPipe", "Schedule1F1B")
+PLACEMENT = {"ScheduleZBVZeroBubble": V, "ScheduleDualPipeV": V}  # the others: LOOP
+
+
+def placement_of(schedule: str) -> str:
+    """The placement a built-in schedule's stages follow (``placement.py``)."""
+    return PLACEMENT.get(schedule, LOOP)
+
+
+def unfit(schedule: str, num_ranks: int, local_stages: int, n_microbatches: int) -> Optional[str]:
+    """Why a built-in schedule cannot run ``local_stages`` stages per rank and ``n_microbatches`` (None: it can)."""
+    if schedule in ONE_STAGE_PER_RANK and local_stages != 1:
+        return f"{schedule} runs one stage per rank, not {local_stages}"
+    if schedule in PLACEMENT and local_stages != 2:
+        return f"{schedule} runs two stages per rank (placed in a V), not {local_stages}"
+    if schedule == "ScheduleDualPipeV" and n_microbatches < 2 * num_ranks:
+        return f"{schedule} needs at least {2 * num_ranks} microbatches on {num_ranks} ranks, not {n_microbatches}"
+    return None
 
 
 def count_by_stage(orders: RankOrders) -> Dict[int, int]:

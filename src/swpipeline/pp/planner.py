@@ -24,6 +24,7 @@ from . import orders
 from .actions import BWD, BWD_I, BWD_W, FWD, RankOrders
 from .check import paper_times
 from .comms import Skip, derive
+from .placement import LOOP
 from .units import Unit, units_of_rank
 
 __all__: List[str] = []
@@ -84,17 +85,19 @@ def simulate(schedule: str, num_ranks: int, n_microbatches: int, batch: int, cos
     if num_stages % num_ranks:
         raise ValueError(f"simulate: {num_stages} stages do not divide over {num_ranks} ranks")
     local = num_stages // num_ranks
-    if local > 1 and schedule in orders.ONE_STAGE_PER_RANK:
-        raise ValueError(f"simulate: {schedule} runs one stage per rank, not {local}")
+    reason = orders.unfit(schedule, num_ranks, local, n_microbatches) if schedule in orders.BUILT_IN else None
+    if reason is not None:
+        raise ValueError(f"simulate: {reason}")
     return simulate_orders(schedule_orders(schedule, num_ranks, local, n_microbatches), num_ranks, n_microbatches,
-                           batch, costs, skips)
+                           batch, costs, skips, orders.placement_of(schedule))
 
 
 def simulate_orders(rank_orders: RankOrders, num_ranks: int, n_microbatches: int, batch: int, costs: StageCosts,
-                    skips: Sequence[Skip] = ()) -> float:
-    """``simulate`` for any orders (``schedule.pipeline_order`` without its idle steps, a custom list)."""
+                    skips: Sequence[Skip] = (), placement: str = LOOP) -> float:
+    """``simulate`` for any orders (``schedule.pipeline_order`` without its idle steps, a custom list), whose stages
+    are placed as ``placement`` says (``placement.py``)."""
     num_stages = len(costs.forward_ms)
-    work = derive(rank_orders, num_ranks, num_stages, n_microbatches, True, skips)
+    work = derive(rank_orders, num_ranks, num_stages, n_microbatches, True, skips, placement)
     rows = {m: len(range(batch)[m::n_microbatches]) for m in range(n_microbatches)}  # tensor_split's sizes
 
     def cost(unit: Unit) -> float:
@@ -116,10 +119,11 @@ def autoplan(num_ranks: int, batch: int, costs: StageCosts, schedules: Optional[
     ``microbatches`` to 1..min(batch, 32).
     """
     local = len(costs.forward_ms) // num_ranks
-    names = list(schedules) if schedules is not None else [
-        s for s in SCHEDULES if local == 1 or s not in orders.ONE_STAGE_PER_RANK]
     counts = list(microbatches) if microbatches is not None else list(range(1, min(batch, 32) + 1))
-    found = [(simulate(name, num_ranks, n, batch, costs), name, n) for name in names for n in counts if n <= batch]
+    pairs = [(name, n) for name in (schedules if schedules is not None else SCHEDULES) for n in counts if n <= batch]
+    if schedules is None:  # the built-in schedules that can run these stages and microbatches
+        pairs = [(name, n) for name, n in pairs if orders.unfit(name, num_ranks, local, n) is None]
+    found = [(simulate(name, num_ranks, n, batch, costs), name, n) for name, n in pairs]
     return sorted(found)
 
 

@@ -30,6 +30,7 @@ from .comms import PipelineWork, Skip, derive
 from .compute import StageOps, StepState
 from .microbatches import merge_outputs, split_args, split_target
 from .orders import OrdersFn
+from .placement import LOOP, rule, stages_of
 from .planner import StageCosts, costs_from_timelines, simulate_orders
 from .runner import RankRunner
 from .stage import PipelineStage
@@ -46,8 +47,9 @@ class PipelineSchedule:
 
     def __init__(self, stages: Sequence[PipelineStage], n_microbatches: int, loss_fn: Optional[Callable[..., Any]],
                  scale_grads: bool, orders: OrdersFn, *, timeout: float = DEFAULT_TIMEOUT_S,
-                 skips: Sequence[Skip] = ()) -> None:
-        self._stages = _check_stages(stages, type(self).__name__)
+                 skips: Sequence[Skip] = (), placement: str = LOOP) -> None:
+        self._placement = placement
+        self._stages = _check_stages(stages, type(self).__name__, placement)
         if isinstance(n_microbatches, bool) or not isinstance(n_microbatches, int) or n_microbatches < 1:
             raise ValueError(f"{type(self).__name__}: n_microbatches must be an int >= 1, got {n_microbatches!r}")
         if loss_fn is not None and not callable(loss_fn):
@@ -79,7 +81,8 @@ class PipelineSchedule:
         if backward not in self._built:
             local = self.num_stages // self.num_ranks
             orders = self._orders_fn(self.num_ranks, local, self._n_microbatches, backward)
-            work = derive(orders, self.num_ranks, self.num_stages, self._n_microbatches, backward, self._skips)
+            work = derive(orders, self.num_ranks, self.num_stages, self._n_microbatches, backward, self._skips,
+                          self._placement)
             units = {rank: units_of_rank(work, rank) for rank in range(self.num_ranks)}
             prove(units)
             self._built[backward] = (work, units)
@@ -167,7 +170,8 @@ class PipelineSchedule:
                                      0.0)
         costs = dataclasses.replace(costs, message_ms=costs.message_ms + max(g[3] for g in gathered))
         orders = self._orders_fn(self.num_ranks, self.num_stages // self.num_ranks, self._n_microbatches, True)
-        on_paper = simulate_orders(orders, self.num_ranks, self._n_microbatches, batch, costs, self._skips)
+        on_paper = simulate_orders(orders, self.num_ranks, self._n_microbatches, batch, costs, self._skips,
+                                   self._placement)
         return dataclasses.replace(costs, step_ms=max(max(g[1] for g in gathered) - on_paper, 0.0))
 
     def _step(self, backward: bool, args: Tuple[Any, ...], kwargs: Dict[str, Any], target: Any,
@@ -239,7 +243,7 @@ def _add_back(earlier: List[Tuple[torch.Tensor, torch.Tensor]]) -> None:
         grad.add_(before)
 
 
-def _check_stages(stages: Sequence[PipelineStage], who: str) -> List[PipelineStage]:
+def _check_stages(stages: Sequence[PipelineStage], who: str, placement: str) -> List[PipelineStage]:
     """This rank's stages, in pipeline order, all of one pipeline."""
     found = list(stages)
     if not found:
@@ -257,8 +261,9 @@ def _check_stages(stages: Sequence[PipelineStage], who: str) -> List[PipelineSta
     indices = [s.stage_index for s in found]
     if len(set(indices)) != len(indices):
         raise ValueError(f"{who}: stage indices {indices} repeat; give each stage once")
-    expected = list(range(first.group_rank, first.num_stages, first.group_size))
+    expected = stages_of(first.group_rank, first.group_size, first.num_stages, placement)
     if indices != expected:
-        raise ValueError(f"{who}: rank {first.group_rank} holds the stages {expected} (stage s on rank s % "
-                         f"{first.group_size}) but was given {indices}: build every one of them on this rank")
+        raise ValueError(f"{who}: rank {first.group_rank} holds the stages {expected} "
+                         f"({rule(first.group_size, placement)}) but was given {indices}: build every one of them on "
+                         f"this rank")
     return found

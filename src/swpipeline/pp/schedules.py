@@ -7,6 +7,8 @@ Each one is ``PipelineSchedule`` with its own action orders (``orders.py``)::
     ScheduleInterleaved1F1B(stages, n_microbatches, loss_fn=None, ..., scale_grads=True)
     ScheduleInterleavedZeroBubble(stages, n_microbatches, loss_fn=None, ..., scale_grads=True)
     ScheduleLoopedBFS(stages, n_microbatches, loss_fn=None, output_merge_spec=None, scale_grads=True)
+    ScheduleZBVZeroBubble(stages, n_microbatches, loss_fn=None, ..., scale_grads=True)    (stages in a V)
+    ScheduleDualPipeV(stages, n_microbatches, loss_fn=None, ..., scale_grads=True)        (stages in a V)
     ScheduleFromActions(stages, n_microbatches, actions, loss_fn=None, scale_grads=True)
 
 Every schedule also takes, keyword only, ``timeout=`` (seconds to wait for a rank to start
@@ -23,6 +25,7 @@ from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, U
 from . import orders
 from .actions import FWD, ActionLike, RankOrders, parse_orders
 from .comms import Skip
+from .placement import LOOP, V
 from .schedule_base import DEFAULT_TIMEOUT_S, PipelineSchedule
 from .stage import PipelineStage
 
@@ -89,6 +92,8 @@ class PipelineScheduleMulti(PipelineSchedule):
     in front of the compute that does not need them.
     """
 
+    _placement = LOOP  # the V-shaped schedules: V (placement.py)
+
     def __init__(self, stages: Sequence[PipelineStage], n_microbatches: int, loss_fn: LossFn = None,
                  args_chunk_spec: Any = None, kwargs_chunk_spec: Any = None, output_merge_spec: Any = None,
                  scale_grads: bool = True, backward_requires_autograd: bool = True, defer_pp_recv: bool = False, *,
@@ -99,11 +104,10 @@ class PipelineScheduleMulti(PipelineSchedule):
         if isinstance(stages, PipelineStage):
             stages = [stages]
         stages = list(stages)
-        if stages and isinstance(stages[0], PipelineStage) and stages[0].num_stages % stages[0].group_size:
-            raise ValueError(f"{who}: {stages[0].num_stages} stages do not divide evenly over "
-                             f"{stages[0].group_size} ranks; give every rank the same number of stages")
+        if stages and isinstance(stages[0], PipelineStage):
+            _check_fit(who, stages[0], n_microbatches)
         super().__init__(stages, n_microbatches, loss_fn, scale_grads, self._orders, timeout=timeout,
-                         skips=_check_skips(who, skips, stages))
+                         skips=_check_skips(who, skips, stages), placement=self._placement)
 
     def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
         raise NotImplementedError
@@ -142,6 +146,27 @@ class ScheduleLoopedBFS(PipelineScheduleMulti):
         return orders.BUILT_IN["ScheduleLoopedBFS"](ranks, local, n, backward)
 
 
+class ScheduleZBVZeroBubble(PipelineScheduleMulti):
+    """ZBV zero bubble: two stages per rank placed in a V (rank ``r`` holds stages ``r`` and ``2p - 1 - r``), each
+    backward split in I then W, the W's of the drain held back to fill its bubble. Same order as torch's."""
+
+    _placement = V
+
+    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
+        return orders.BUILT_IN["ScheduleZBVZeroBubble"](ranks, local, n, backward)
+
+
+class ScheduleDualPipeV(PipelineScheduleMulti):
+    """DualPipeV: two stages per rank placed in a V, at least ``2p`` microbatches; in its steady state each rank
+    runs a forward of one of its stages beside a backward of the other (one after the other here: a rank computes
+    on one thread), the end of the drain split in I and W. Same order as torch's."""
+
+    _placement = V
+
+    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
+        return orders.BUILT_IN["ScheduleDualPipeV"](ranks, local, n, backward)
+
+
 class ScheduleFromActions(PipelineScheduleMulti):
     """A schedule written as data: every rank's compute actions, checked before anything runs.
 
@@ -173,6 +198,18 @@ class ScheduleFromActions(PipelineScheduleMulti):
         if backward:
             return {rank: list(actions) for rank, actions in self._given.items()}
         return {rank: [a for a in actions if a.kind is FWD] for rank, actions in self._given.items()}
+
+
+def _check_fit(who: str, first: PipelineStage, n_microbatches: Any) -> None:
+    """The stages divide over the ranks, as many as the built-in schedule ``who`` runs per rank, with enough
+    microbatches for it (an ``n_microbatches`` that is no int is refused later, by the schedule)."""
+    if first.num_stages % first.group_size:
+        raise ValueError(f"{who}: {first.num_stages} stages do not divide evenly over {first.group_size} ranks; give "
+                         f"every rank the same number of stages")
+    if who in orders.BUILT_IN and isinstance(n_microbatches, int) and not isinstance(n_microbatches, bool):
+        reason = orders.unfit(who, first.group_size, first.num_stages // first.group_size, n_microbatches)
+        if reason is not None:
+            raise ValueError(f"{who}: {reason}")
 
 
 def _check_skips(who: str, skips: Iterable[Skip], stages: Sequence[Any]) -> List[Skip]:

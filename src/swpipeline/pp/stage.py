@@ -8,6 +8,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .placement import LOOP, V, rank_of, rule, stages_of
+
 __all__: List[str] = []
 
 
@@ -25,7 +27,9 @@ class PipelineStage:
         num_stages: how many stages the pipeline has (on all ranks together).
         device: where the submodule and its inputs live.
         group: the process group of the pipeline's ranks (None: the default group). Stage
-            ``s`` runs on the rank ``s % group size`` of the group.
+            ``s`` runs on the rank ``s % group size`` of the group, or, for the schedules that
+            place stages in a V (``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV``), on rank ``s``,
+            then ``2 * group size - 1 - s``; the schedule checks its stages against its placement.
         dw_builder: for a split backward (``I`` then ``W``, the zero-bubble schedules): a function
             that returns a function computing this stage's weight gradients. With it, ``I`` runs
             autograd's whole backward (the submodule defers its weights' gradients itself), then
@@ -36,7 +40,7 @@ class PipelineStage:
     Raises:
         TypeError: ``submodule`` is not an ``nn.Module``.
         ValueError: ``stage_index`` out of range, more ranks than stages, or the stage on a rank
-            other than ``stage_index % group size``.
+            that holds it under neither placement.
         RuntimeError: ``torch.distributed`` is not initialized.
     """
 
@@ -70,11 +74,14 @@ class PipelineStage:
         if self.group_size > num_stages:
             raise ValueError(f"PipelineStage: the process group has {self.group_size} ranks but the pipeline only "
                              f"{num_stages} stages; every rank needs at least one stage")
-        if stage_index % self.group_size != self.group_rank:
+        homes = {rank_of(stage_index, self.group_size, style) for style in (LOOP, V)}
+        if self.group_rank not in homes:
             raise ValueError(f"PipelineStage: stage {stage_index} lives on rank {stage_index % self.group_size} "
-                             f"(stage s on rank s % {self.group_size}), but this is rank {self.group_rank}: build "
-                             f"stage {stage_index} there, and here the stages {self.group_rank}, "
-                             f"{self.group_rank + self.group_size}, ...")
+                             f"({rule(self.group_size, LOOP)}; with ScheduleZBVZeroBubble or ScheduleDualPipeV on "
+                             f"rank {rank_of(stage_index, self.group_size, V)}: {rule(self.group_size, V)}), but this "
+                             f"is rank {self.group_rank}: build stage {stage_index} there, and here the stages "
+                             f"{stages_of(self.group_rank, self.group_size, num_stages, LOOP)} (or, in a V, "
+                             f"{stages_of(self.group_rank, self.group_size, num_stages, V)})")
 
     @property
     def is_first(self) -> bool:
