@@ -13,7 +13,8 @@ EXPORTED = {
     "Action", "Kind", "Pipe", "SplitPoint", "build_stage", "pipe_split", "pipeline",
     "PipelineRankError", "PipelineSchedule", "PipelineScheduleMulti", "PipelineScheduleSingle",
     "PipelineStage", "RankTimeoutError", "Schedule1F1B", "ScheduleFromActions", "ScheduleGPipe", "ScheduleHangError",
-    "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble", "ScheduleLoopedBFS", "ScheduleZBVZeroBubble",
+    "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble", "ScheduleLoopedBFS", "ScheduleMismatchError",
+    "ScheduleZBVZeroBubble",
     "ScheduleDualPipeV", "StageCosts", "autoplan",
     "simulate",
 }

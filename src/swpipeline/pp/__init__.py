@@ -27,6 +27,7 @@ from .actions import Kind as Kind
 from .errors import PipelineRankError as PipelineRankError
 from .errors import RankTimeoutError as RankTimeoutError
 from .errors import ScheduleHangError as ScheduleHangError
+from .errors import ScheduleMismatchError as ScheduleMismatchError
 from .planner import StageCosts as StageCosts
 from .planner import autoplan as autoplan
 from .planner import simulate as simulate
@@ -66,6 +67,7 @@ __all__: List[str] = [
     "ScheduleInterleaved1F1B",
     "ScheduleInterleavedZeroBubble",
     "ScheduleLoopedBFS",
+    "ScheduleMismatchError",
     "ScheduleZBVZeroBubble",
     "SplitPoint",
     "StageCosts",

@@ -99,9 +99,12 @@ class StageOps:
         return value
 
     def arrived(self, edge: Edge, values: Values, state: StepState) -> None:
-        """Activations for ``edge``'s consumer stage: leaves that record their gradient when training."""
-        device = self.stages[edge[0]].device
-        state.acts[edge] = tuple(self._leaf(v, device) for v in values)
+        """Activations for ``edge``'s consumer stage: leaves that record their gradient when training (checked
+        against the stage's ``input_args``, where given)."""
+        stage = self.stages[edge[0]]
+        if stage.expected_inputs is not None and self.sources[edge[0]] == [edge[2]]:  # (no skip into it)
+            _check_arrived(stage.expected_inputs, values, edge)
+        state.acts[edge] = tuple(self._leaf(v, stage.device) for v in values)
 
     def _leaf(self, value: Any, device: torch.device) -> Any:
         if not isinstance(value, torch.Tensor):
@@ -206,3 +209,23 @@ class StageOps:
             return None
         grad, value.grad = value.grad, None
         return grad
+
+
+def _check_arrived(expected: Values, values: Values, edge: Edge) -> None:
+    """What the previous stage sent is what ``input_args`` says: as many values, each of its dtype and of its shape
+    beyond the first dimension (microbatches may differ in rows)."""
+    stage, microbatch, source = edge
+
+    def said(value: Any) -> str:
+        if isinstance(value, torch.Tensor):
+            return f"{str(value.dtype).replace('torch.', '')}{list(value.shape)}"
+        return type(value).__name__
+
+    sent, wanted = [said(v) for v in values], [said(v) for v in expected]
+    same = len(values) == len(expected) and all(
+        (a.dtype, a.shape[1:]) == (b.dtype, b.shape[1:]) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+        else type(a) is type(b) for a, b in zip(values, expected))
+    if not same:
+        raise ValueError(f"stage {stage} expects as its inputs {wanted} (its input_args; the first dimension may "
+                         f"differ) but stage {source} sent {sent} for microbatch {microbatch}: make the two stages "
+                         f"agree, or leave input_args out")

@@ -23,6 +23,12 @@ class ScheduleHangError(ValueError):
         return sorted({rank for rank, _ in self.units})
 
 
+class ScheduleMismatchError(ValueError):
+    """Two ranks of one pipeline run different schedules: their classes, microbatches, stages, placement, skips,
+    scaling, or step() against eval(). Found when a rank's step starts, in the first message from each peer; the
+    message says what each of the two runs."""
+
+
 class PipelineRankError(RuntimeError):
     """Another rank's step failed (or stopped answering), so this rank stopped its own step.
 

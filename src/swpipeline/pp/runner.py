@@ -24,7 +24,7 @@ from .comms import Message, PipelineWork
 from .compute import StageOps, StepState
 from .errors import PipelineRankError, RankTimeoutError
 from .plan_of_rank import TaskFn, check_engine_runs, plan_of_rank
-from .transport import Failure, Transport, describe_error
+from .transport import Config, Failure, Transport, describe_error
 from .wire import DONE, HELLO
 from .units import COMPUTE, RankUnits, Unit
 
@@ -37,8 +37,9 @@ class RankRunner:
     """One rank's plan, engine and transport for one kind of step (training, or forward only)."""
 
     def __init__(self, work: PipelineWork, units: RankUnits, rank: int, ops: StageOps, transport: Transport,
-                 device: torch.device, timeout: float) -> None:
+                 device: torch.device, timeout: float, config: Optional[Config] = None) -> None:
         self.rank = rank
+        self.config = config  # what this rank runs: said in its HELLOs, compared with every peer's
         self.ops = ops
         self.transport = transport
         # how many messages this rank sends each peer in a step (HELLO, data, DONE)
@@ -61,7 +62,7 @@ class RankRunner:
             raise RuntimeError(f"step() after a failed step ({self.failure.where()} failed with "
                                f"{self.failure.error}): the ranks' messages are out of step; build the process group "
                                f"and the schedule again (usually: restart the job)")
-        self.transport.start_step(self.channels, self.mode)
+        self.transport.start_step(self.channels, self.mode, self.config)
         try:
             self.pipe.run([state], trace=trace or None)
         except BaseException as exc:

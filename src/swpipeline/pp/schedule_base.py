@@ -17,6 +17,7 @@ the whole gradient at every step, earlier steps' shares again)::
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -34,7 +35,7 @@ from .placement import LOOP, rule, stages_of
 from .planner import StageCosts, costs_from_timelines, simulate_orders
 from .runner import RankRunner
 from .stage import PipelineStage
-from .transport import Transport
+from .transport import Config, Transport
 from .units import COMPUTE, RankUnits, units_of_rank
 
 __all__: List[str] = []
@@ -208,6 +209,20 @@ class PipelineSchedule:
             return merge_outputs([state.results[m] for m in range(n)])
         return None
 
+    def _config(self, backward: bool) -> Config:
+        """What this rank runs, for its HELLOs: a fingerprint of everything every rank must agree on (down to every
+        rank's actions), and its description."""
+        work = self._work(backward)[0]
+        agreed = (type(self).__name__, self._n_microbatches, self.num_stages, self.num_ranks, self._placement,
+                  self._skips, self.scale_grads, backward, sorted((r, [str(a) for a in w.compute])
+                                                                  for r, w in work.ranks.items()))
+        fingerprint = int.from_bytes(hashlib.blake2b(repr(agreed).encode(), digest_size=7).digest(), "big") or 1
+        extras = ["placed in a V" if self._placement != LOOP else "", f"skips {list(self._skips)}" if self._skips
+                  else "", "scale_grads=False" if not self.scale_grads else "", "step()" if backward else "eval()"]
+        text = (f"{type(self).__name__} with {self._n_microbatches} microbatches over {self.num_stages} stages"
+                + "".join(f", {e}" for e in extras if e))
+        return Config(fingerprint, text)
+
     def _runner(self, backward: bool) -> RankRunner:
         if backward not in self._runners:
             work, units = self._work(backward)
@@ -220,7 +235,7 @@ class PipelineSchedule:
                     last[action.stage] = action
             ops = StageOps(self._stages, self._loss_fn, sources, consumers, backward, last)
             self._runners[backward] = RankRunner(work, units[self.rank], self.rank, ops, self._transport,
-                                                 self._stages[0].device, self._timeout)
+                                                 self._stages[0].device, self._timeout, self._config(backward))
         return self._runners[backward]
 
 

@@ -18,7 +18,10 @@ class PipelineStage:
 
     The same constructor as ``torch.distributed.pipelining.PipelineStage``. Shapes need not
     be given: each message carries its tensors' shapes, so ``input_args``, ``output_args``,
-    ``output_grads`` and ``input_grads`` are accepted and not needed.
+    ``output_grads`` and ``input_grads`` are not needed. Where ``input_args`` is given (a
+    tensor or a tuple: one microbatch's inputs, as for torch), what the previous stage sends is
+    checked against it as it arrives: a dtype or a shape (beyond the first dimension, the
+    microbatch's rows) that differs fails the step on every rank, naming both stages.
 
     Args:
         submodule: the layers of this stage; its forward takes what the previous stage's
@@ -64,6 +67,8 @@ class PipelineStage:
                                "torch.distributed.init_process_group() first (torchrun sets up what it needs)")
         self.submod = submodule
         self.dw_builder = dw_builder
+        self.expected_inputs: Optional[Tuple[Any, ...]] = None if input_args is None else (
+            tuple(input_args) if isinstance(input_args, (tuple, list)) else (input_args,))
         self.skips: Tuple[Tuple[int, int], ...] = ()  # skip connections a traced model has (tracer.py)
         self.stage_index = stage_index
         self.num_stages = num_stages

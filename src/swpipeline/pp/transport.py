@@ -51,10 +51,11 @@ import torch
 import torch.distributed as dist
 
 from ..errors import PipelineAborted
-from .errors import PipelineRankError, RankTimeoutError
+from .errors import PipelineRankError, RankTimeoutError, ScheduleMismatchError
 from .watchdog import Watchdog
 from .wire import (CHANGED, DATA, FAILED, FAILURE_BYTES, HEADER_BYTES, HELLO, Layout, Payload, failure_marker,
-                   failure_text, layout_from, layout_of, marker, pack, packed_size, read_header, unpack)
+                   failure_text, hello_marker, hello_text, layout_from, layout_of, marker, pack, packed_size,
+                   read_header, unpack)
 
 __all__: List[str] = []
 
@@ -143,6 +144,13 @@ def direction_groups(group: Any) -> Tuple[Any, Any]:
     return _DIRECTIONS[key]
 
 
+class Config(NamedTuple):
+    """What a rank runs, as its HELLOs say it: a fingerprint of the whole configuration, and that in words."""
+
+    fingerprint: int  # nonzero
+    text: str
+
+
 class _Outbox:
     """The sending end of one channel in one step: how many messages it carries, the next one's position, and
     whether it is closed."""
@@ -179,13 +187,16 @@ class Transport:
         self._mode: Any = None
         self._watchdog = Watchdog(f"swpipeline-pp-watchdog-rank{rank}")
         self.failure: Optional[Failure] = None
+        self._config: Optional[Config] = None  # what this rank runs in the current step (start_step)
 
     # -- the step's life cycle ------------------------------------------------------------------
 
-    def start_step(self, channels: Mapping[int, int], mode: Any) -> None:
+    def start_step(self, channels: Mapping[int, int], mode: Any, config: Optional[Config] = None) -> None:
         """A new step of kind ``mode`` (its messages' layouts are remembered per kind), sending ``channels[q]``
-        messages to each peer ``q``: post every receive whose layout is known from the last step of that kind."""
+        messages to each peer ``q``: post every receive whose layout is known from the last step of that kind.
+        ``config``: what this rank runs, said in its HELLOs and compared with each peer's."""
         with self._lock:
+            self._config = config
             self._outboxes = {peer: _Outbox(count) for peer, count in channels.items()}
             self._abandoned += self._works + list(self._posted.values())
             self._works, self._posted, self._mode = [], {}, mode
@@ -225,11 +236,14 @@ class Transport:
             box.next_index = index + 1
 
     def send_marker(self, peer: int, index: int, status: int) -> None:
-        """Post a HELLO or a DONE as message ``index`` of the channel to ``peer``."""
+        """Post a HELLO (with what this rank runs) or a DONE as message ``index`` of the channel to ``peer``."""
         with self._lock:
             box = self._outboxes[peer]
             if not box.closed:
-                self._post(marker(status), peer, tag(index, ANNOUNCE))
+                config = self._config
+                message = hello_marker(config.fingerprint, config.text.encode()) if (
+                    status == HELLO and config is not None) else marker(status)
+                self._post(message, peer, tag(index, ANNOUNCE))
                 box.next_index = index + 1
 
     def fail(self, failure: Failure) -> Failure:
@@ -323,7 +337,7 @@ class Transport:
                 self._raise_failure(buffer)
             if values[0] != CHANGED:
                 raise self._protocol_error(peer, what, values[0])
-        values = self._receive_header(peer, index, what, None if expected is not None else 2 * self.timeout_s)
+        values = self._receive_header(peer, index, what, None if expected is not None else 2 * self.timeout_s)[0]
         if values[0] != DATA:
             raise self._protocol_error(peer, what, values[0])
         layout = layout_from(values)
@@ -336,17 +350,24 @@ class Transport:
         """Wait for the peer's HELLO (its step started) or DONE (it is over), or its failure."""
         what = f"rank {peer}'s {'start' if status == HELLO else 'end'} of step"
         seconds = self.timeout_s if status == HELLO else 2 * self.timeout_s
-        found = self._receive_header(peer, index, what, seconds)[0]
-        if found != status:
-            raise self._protocol_error(peer, what, found)
+        values, header = self._receive_header(peer, index, what, seconds)
+        if values[0] != status:
+            raise self._protocol_error(peer, what, values[0])
+        config = self._config
+        if status == HELLO and config is not None and values[1] and values[1] != config.fingerprint:
+            raise ScheduleMismatchError(
+                f"rank {peer} runs {hello_text(header)}; rank {self.rank} runs {config.text}: every rank of a "
+                f"pipeline must build the same schedule (its class, n_microbatches, stages, placement, skips and "
+                f"scale_grads) and call the same step() or eval()")
 
-    def _receive_header(self, peer: int, index: int, what: str, seconds: Optional[float]) -> List[int]:
+    def _receive_header(self, peer: int, index: int, what: str,
+                        seconds: Optional[float]) -> Tuple[List[int], torch.Tensor]:
         header = torch.empty(HEADER_BYTES, dtype=torch.uint8, device=self.device)
         self._wait(self._irecv(header, peer, tag(index, ANNOUNCE)), peer, what, seconds)
         values = read_header(header)
         if values[0] == FAILED:
             self._raise_failure(header)
-        return values
+        return values, header
 
     def _raise_failure(self, buffer: torch.Tensor) -> NoReturn:
         """Raise the failure that ``buffer`` (a failure message) carries."""

@@ -8,11 +8,17 @@ bytes at an offset aligned to ``ALIGN``, so the receiver's tensors are views of 
     [DATA, count, dtype, ndim, d0, d1, ..., dtype, ndim, ...]   count tensors (dtype -1: None)
     [FAILED, n] + n bytes                                       a failure: n bytes of JSON, in the header itself
     [CHANGED]                                                   a filler: the real message is announced
-    [HELLO] / [DONE]                                            the sender's step starts / is over
+    [HELLO, fingerprint, n] + n bytes                           the sender's step starts: what it runs
+    [DONE]                                                      the sender's step is over
 
 A failure is one message, its text inside the header (at most ``FAILURE_BYTES``), so it lands
 in whatever buffer the receiver posted for the message it replaces, and nothing more has to
 travel: a rank that fails and exits at once has still said why.
+
+A HELLO carries a fingerprint of the sender's whole configuration (schedule, microbatches,
+stages, placement, skips, scaling, training or forward only, every rank's actions) and its
+description in words: a receiver whose own fingerprint differs says at once what each side
+runs, instead of waiting for messages that will never match.
 
 A message's *layout* (each tensor's dtype and shape) decides its size. Both ends remember
 the layout of each message of the last step, so a receiver posts a buffer of the right
@@ -119,6 +125,24 @@ def failure_marker(text: bytes, size: int = HEADER_BYTES) -> torch.Tensor:
     if text:
         buffer[16:16 + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
     return buffer
+
+
+HELLO_TEXT_BYTES = HEADER_BYTES - 24  # a HELLO's description: the header after its three values
+
+
+def hello_marker(fingerprint: int, text: bytes) -> torch.Tensor:
+    """A HELLO saying what its sender runs: ``[HELLO, fingerprint, len(text)]`` and the text (cut to fit)."""
+    text = text[:HELLO_TEXT_BYTES]
+    buffer = marker(HELLO, [fingerprint, len(text)])
+    if text:
+        buffer[24:24 + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+    return buffer
+
+
+def hello_text(buffer: torch.Tensor) -> str:
+    """The description a HELLO carries (``hello_marker``)."""
+    length = int(buffer[:24].view(torch.int64)[2])
+    return bytes(buffer[24:24 + min(length, HELLO_TEXT_BYTES)].cpu().tolist()).decode("utf-8", "replace")
 
 
 def failure_text(buffer: torch.Tensor) -> bytes:
