@@ -73,7 +73,7 @@ MUTATIONS: List[Mutation] = [
     Mutation("operators.write_alias", "operators.py", "if arg.alias_info is not None and arg.alias_info.is_write),",
              "if arg.alias_info is not None),", "every aliased argument taken as written (a view writes its base)"),
     Mutation("operators.after", "operators.py", "                self.wrote(tensor, region)",
-             "                self.wrote(tensor, None if region is None else region_of(tensor))",
+             "                self.wrote(tensor, region_of(tensor))",
              "the memory written is looked up after the call (a copy's new tensor taken for what it copied)"),
     Mutation("operators.rebind", "operators.py", '_REBINDING = frozenset({"set_"})', "_REBINDING = frozenset()",
              "set_ taken as a write of the bytes the tensor covered"),

@@ -74,7 +74,7 @@ def traced_on_rank(rank: int, world: int) -> List[Dict[str, Any]]:
         last = pipe.num_stages - 1 in mine
         sched.step(*((x,) if rank == 0 else ()), **({"target": y} if last else {}))
         out.append({"types": [type(s).__name__ for s in stages], "skips": sorted(stages[0].skips),
-                    "grads": {name: p.grad.clone() for s in stages for name, p in s.submod.piece.named_parameters()}})
+                    "grads": {name: p.grad.clone() for s in stages for name, p in s.submod.named_parameters()}})
     return out
 
 

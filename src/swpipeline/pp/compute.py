@@ -124,8 +124,9 @@ class StageOps:
         else:
             parts = [state.acts.pop((s, m, src)) for src in self.sources[s]]
             inputs, widths = tuple(v for part in parts for v in part), tuple(len(part) for part in parts)
+        args, kwargs = (inputs, state.kwargs[m]) if stage.wired is None else stage.wired(inputs, state.kwargs[m])
         with forward_sync(stage.submod):
-            output = stage.submod(*inputs, **state.kwargs[m])
+            output = stage.submod(*args, **kwargs)
         outputs = as_tuple(output)
         if stage.is_last:
             state.results[m] = output

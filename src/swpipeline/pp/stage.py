@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -70,6 +70,8 @@ class PipelineStage:
         self.expected_inputs: Optional[Tuple[Any, ...]] = None if input_args is None else (
             tuple(input_args) if isinstance(input_args, (tuple, list)) else (input_args,))
         self.skips: Tuple[Tuple[int, int], ...] = ()  # skip connections a traced model has (tracer.py)
+        self.wired: Optional[Callable[..., Tuple[Tuple[Any, ...], Dict[str, Any]]]] = None  # a traced piece's
+        # arguments from what the stage receives and the keyword inputs (tracer.py); None: as they come
         self.stage_index = stage_index
         self.num_stages = num_stages
         self.device = torch.device(device)

@@ -12,8 +12,9 @@ This module only wires the pieces to this library's stages. Torch's split hands 
 values it uses, in the order its graph lists them: an output of the previous piece, or of an
 earlier one (a skip connection), or one element of a piece's tuple output. This library's
 stage takes the previous stage's whole output, then each skip source's, in stage order; so
-each piece is wrapped (``Wired``) to pick its arguments out of those, and the skips are carried
-by the stage (``PipelineStage.skips``), where every schedule finds them.
+the stage keeps, beside the piece itself (its ``submod``, with the model's names), how the
+piece picks its arguments out of those (``Wired``), and the skips
+(``PipelineStage.skips``), where every schedule finds them.
 
 What is refused, with the piece named: a piece other than the first that uses the model's
 inputs, and a model output that is not the last piece's.
@@ -98,13 +99,11 @@ def _check_output(value: Any, pieces: Dict[fx.Node, int], last: int) -> None:
                              f"only what the last piece computes")
 
 
-class Wired(nn.Module):
-    """One piece of torch's split, called as this library's stage calls a module: with the previous stage's
-    output, then each skip source's (their values side by side), and the model's keyword inputs."""
+class Wired:
+    """How one piece of torch's split takes this library's stage inputs: the previous stage's output, then each skip
+    source's (their values side by side), and the model's keyword inputs (the first piece's only)."""
 
-    def __init__(self, piece: nn.Module, stage_index: int, wires: Wiring) -> None:
-        super().__init__()
-        self.piece = piece
+    def __init__(self, stage_index: int, wires: Wiring) -> None:
         self.stage_index = stage_index
         sources = [stage_index - 1] + [a for a, b in wires.skips if b == stage_index] if stage_index else []
         offsets, at = {}, 0
@@ -115,10 +114,11 @@ class Wired(nn.Module):
         self.picks = [(offsets[src] + element, 0) if element is not None else (offsets[src], wires.widths[src])
                       for src, element in wires.arguments] if stage_index else []
 
-    def forward(self, *values: Any, **kwargs: Any) -> Any:
+    def __call__(self, values: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+        """The piece's positional and keyword arguments."""
         if not self.stage_index:
-            return self.piece(*values, **kwargs)
-        return self.piece(*(values[at] if width <= 1 else tuple(values[at:at + width]) for at, width in self.picks))
+            return values, kwargs
+        return tuple(values[at] if width <= 1 else tuple(values[at:at + width]) for at, width in self.picks), {}
 
 
 class Pipe:
@@ -158,8 +158,7 @@ def build_stage(stage_module: nn.Module, stage_index: int, pipe_info: Any, devic
                 group: Optional[Any] = None) -> PipelineStage:
     """A ``PipelineStage`` of one piece of a split model (``pipe.get_stage_module(i)``, ``pipe.info()``)."""
     wires = wiring(pipe_info.graph, stage_index)
-    stage = PipelineStage(Wired(stage_module, stage_index, wires), stage_index, pipe_info.num_stages, device,
-                          group=group)
-    stage.skips = wires.skips
+    stage = PipelineStage(stage_module, stage_index, pipe_info.num_stages, device, group=group)
+    stage.skips, stage.wired = wires.skips, Wired(stage_index, wires)
     return stage
 

@@ -188,6 +188,7 @@ class Transport:
         self._watchdog = Watchdog(f"swpipeline-pp-watchdog-rank{rank}")
         self.failure: Optional[Failure] = None
         self._config: Optional[Config] = None  # what this rank runs in the current step (start_step)
+        self._hello = marker(HELLO)  # the HELLO that says it
 
     # -- the step's life cycle ------------------------------------------------------------------
 
@@ -196,6 +197,9 @@ class Transport:
         messages to each peer ``q``: post every receive whose layout is known from the last step of that kind.
         ``config``: what this rank runs, said in its HELLOs and compared with each peer's."""
         with self._lock:
+            if config != self._config:  # the HELLO saying it, made once (read only: posted to every peer)
+                self._hello = marker(HELLO) if config is None else hello_marker(config.fingerprint,
+                                                                                 config.text.encode())
             self._config = config
             self._outboxes = {peer: _Outbox(count) for peer, count in channels.items()}
             self._abandoned += self._works + list(self._posted.values())
@@ -240,10 +244,7 @@ class Transport:
         with self._lock:
             box = self._outboxes[peer]
             if not box.closed:
-                config = self._config
-                message = hello_marker(config.fingerprint, config.text.encode()) if (
-                    status == HELLO and config is not None) else marker(status)
-                self._post(message, peer, tag(index, ANNOUNCE))
+                self._post(self._hello if status == HELLO else marker(status), peer, tag(index, ANNOUNCE))
                 box.next_index = index + 1
 
     def fail(self, failure: Failure) -> Failure:
