@@ -16,11 +16,12 @@ Everything else (``vars(ctx)``, deletes, draws) goes through the journal's hooks
 The journal is also the call's ``OperatorObserver`` (``operators.py``): it keeps the tensors
 the call's operators wrote, and those they read among the checker's named state; a write
 of that state is judged before the operator runs (``writing``), so a race on the weights is
-reported before it changes what another task computes. A race raised inside an operator
-is kept (``raced``): the code around the operator may catch it (``load_state_dict`` turns
-it into a ``RuntimeError`` of its own), and the call raises it when it ends. When the call returns, ``finish``
-writes every context attribute whose value covers memory written (as it was before each
-operator: a copy writes only what it made) or holds a tensor pointed at other memory
+reported before it changes what another task computes. A race raised inside an operator is
+kept (``raced``): the code around the operator may catch it (``load_state_dict`` turns it
+into a ``RuntimeError`` of its own), and the call raises it when it ends. When the call
+returns, ``finish`` writes every context attribute whose value covers memory written (as it
+was before each operator: a copy writes only what it made) or holds a tensor pointed at
+other memory
 (``inplace.attributes_meeting``: an alias, a view, the batch under another name), every
 attribute whose container the call changed, and hands the state's reads and writes to the
 checker. A read of an attribute the context lacks goes to the checker first
@@ -141,10 +142,10 @@ class CheckedJournal(Journal, OperatorObserver):
     warns_before_writes = True
 
     def writing(self, regions: List[Optional[Region]]) -> None:
-        """Before an operator writes ``tensors``: a write of the named state (the weights, their gradients, the
-        optimizer's state) is judged now, not when the call returns, so that a race on it raises before the write
-        lands: were it judged after, another task that reads those weights (a backward whose graph saved them)
-        could fail first with a message about the symptom."""
+        """Before an operator writes the memory ``regions`` (None: a tensor object only): a write of the named
+        state (the weights, their gradients, the optimizer's state) is judged now, not when the call returns, so
+        that a race on it raises before the write lands: were it judged after, another task that reads those
+        weights (a backward whose graph saved them) could fail first with a message about the symptom."""
         storages = self.checker._named_storages
         if storages:
             named = [region for region in regions if region is not None and region.storage in storages]
