@@ -42,11 +42,15 @@ def as_tuple(value: Any) -> Tuple[Any, ...]:
 
 
 def merge_outputs(outputs: Sequence[Any]) -> Any:
-    """The last stage's microbatch outputs joined along dimension 0 (per element for tuples), without autograd."""
+    """The last stage's microbatch outputs joined along dimension 0, without autograd: per element of a tuple or
+    list, per key of a dict (each microbatch's with the same keys); a value of no dimension or no tensor, as the list
+    of each microbatch's."""
     first = outputs[0]
-    if isinstance(first, torch.Tensor):
+    if isinstance(first, torch.Tensor) and first.dim():
         return torch.cat([o.detach() for o in outputs])
-    if isinstance(first, (tuple, list)):
+    if isinstance(first, (tuple, list)) and all(isinstance(o, type(first)) and len(o) == len(first) for o in outputs):
         joined = [merge_outputs([o[k] for o in outputs]) for k in range(len(first))]
         return type(first)(joined)
-    return list(outputs)
+    if isinstance(first, dict) and all(isinstance(o, dict) and o.keys() == first.keys() for o in outputs):
+        return type(first)((key, merge_outputs([o[key] for o in outputs])) for key in first)
+    return [o.detach() if isinstance(o, torch.Tensor) else o for o in outputs]

@@ -28,7 +28,7 @@ size before the message arrives and the data lands directly in it (``transport.p
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -49,13 +49,18 @@ Payload = Tuple[Optional[torch.Tensor], ...]
 Layout = Tuple[Optional[Tuple[int, Tuple[int, ...]]], ...]  # per tensor: (dtype code, shape), or None
 
 
-def layout_of(tensors: Payload) -> Layout:
-    """Each tensor's dtype code and shape (None for a missing one)."""
+def layout_of(tensors: Sequence[Any]) -> Layout:
+    """Each tensor's dtype code and shape (None for a missing one); anything else is refused."""
     found: List[Optional[Tuple[int, Tuple[int, ...]]]] = []
     for t in tensors:
         if t is None:
             found.append(None)
             continue
+        if not isinstance(t, torch.Tensor):
+            shown = f"a dict with keys {sorted(map(str, t))}" if isinstance(t, dict) else f"a {type(t).__name__}"
+            raise TypeError(f"cannot send {shown} between stages: a stage's output goes to the next stage as a "
+                            f"tensor or a tuple of tensors (only the last stage's may be anything); return its "
+                            f"tensors as a tuple")
         if t.dtype not in DTYPES:
             raise TypeError(f"cannot send a tensor of dtype {t.dtype} between stages; send one of "
                             f"{', '.join(str(d) for d in DTYPES)}")
