@@ -94,3 +94,28 @@ def test_what_a_stage_receives_is_checked_against_its_input_args(width: int) -> 
             "stage 0 sent ['float32[4, 16]'] for microbatch 0: make the two stages agree, or leave input_args out")
     assert results[1]["type"] == "ValueError" and results[1]["text"].startswith(said), results[1]
     assert results[0]["type"] == "PipelineRankError" and said in results[0]["text"], results[0]
+
+
+def wrong_input_on_rank(rank: int, world: int) -> Dict[str, Any]:
+    import swpipeline.pp as pp
+
+    extra = {"input_args": (torch.zeros(2, 16),)} if rank == 0 else {}
+    stage = pp.PipelineStage(stage_module(make_model(), rank, world), rank, world, torch.device("cpu"), **extra)
+    x, y = make_batch(width=16)
+    try:
+        pp.Schedule1F1B(stage, 4, loss_fn=loss_fn, timeout=3).step(*((x[:, :8],) if rank == 0 else ()),
+                                                                   **({"target": y} if rank else {}))
+    except Exception as exc:
+        return {"type": type(exc).__name__, "text": str(exc)}
+    return {"type": None, "text": ""}
+
+
+def test_inputs_that_differ_from_the_first_stage_s_input_args_are_refused_before_the_step() -> None:
+    zero, one = run_on_ranks(wrong_input_on_rank, 2, timeout=60)
+    assert zero == {"type": "ValueError", "text": (
+        "stage 0 expects as its inputs ['float32[2, 16]'] (its input_args; the first dimension may differ) but "
+        "step() was given ['float32[4, 8]'] for microbatch 0: pass inputs of those dtypes and shapes, or leave "
+        "input_args out")}
+    # rank 0 never started its step (as for any argument it refuses): rank 1 stops, naming it, once its timeout
+    # passes or rank 0's process is gone
+    assert one["type"] in ("RankTimeoutError", "PipelineRankError") and "rank 0" in one["text"], one

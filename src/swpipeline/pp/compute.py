@@ -103,7 +103,7 @@ class StageOps:
         against the stage's ``input_args``, where given)."""
         stage = self.stages[edge[0]]
         if stage.expected_inputs is not None and self.sources[edge[0]] == [edge[2]]:  # (no skip into it)
-            _check_arrived(stage.expected_inputs, values, edge)
+            check_inputs(stage.expected_inputs, values, edge[0], edge[1], edge[2])
         state.acts[edge] = tuple(self._leaf(v, stage.device) for v in values)
 
     def _leaf(self, value: Any, device: torch.device) -> Any:
@@ -212,10 +212,9 @@ class StageOps:
         return grad
 
 
-def _check_arrived(expected: Values, values: Values, edge: Edge) -> None:
-    """What the previous stage sent is what ``input_args`` says: as many values, each of its dtype and of its shape
-    beyond the first dimension (microbatches may differ in rows)."""
-    stage, microbatch, source = edge
+def check_inputs(expected: Values, values: Values, stage: int, microbatch: int, source: Optional[int]) -> None:
+    """``values`` are what ``input_args`` says: as many, each of its dtype and of its shape beyond the first
+    dimension (microbatches may differ in rows). ``source``: the stage that sent them; None: given to ``step()``."""
 
     def said(value: Any) -> str:
         if isinstance(value, torch.Tensor):
@@ -227,6 +226,7 @@ def _check_arrived(expected: Values, values: Values, edge: Edge) -> None:
         (a.dtype, a.shape[1:]) == (b.dtype, b.shape[1:]) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
         else type(a) is type(b) for a, b in zip(values, expected))
     if not same:
+        came = f"stage {source} sent" if source is not None else "step() was given"
+        fix = "make the two stages agree" if source is not None else "pass inputs of those dtypes and shapes"
         raise ValueError(f"stage {stage} expects as its inputs {wanted} (its input_args; the first dimension may "
-                         f"differ) but stage {source} sent {sent} for microbatch {microbatch}: make the two stages "
-                         f"agree, or leave input_args out")
+                         f"differ) but {came} {sent} for microbatch {microbatch}: {fix}, or leave input_args out")

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from .actions import BWD, BWD_W, Action, format_orders
 from .check import aligned_orders, prove
 from .comms import PipelineWork, Skip, derive
-from .compute import StageOps, StepState
+from .compute import StageOps, StepState, check_inputs
 from .microbatches import merge_outputs, split_args, split_target
 from .orders import OrdersFn
 from .placement import LOOP, rule, stages_of
@@ -187,6 +187,10 @@ class PipelineSchedule:
         if losses is not None and not isinstance(losses, list):
             raise TypeError(f"step(): losses must be a list to fill, got {type(losses).__name__}")
         arg_mbs, kwarg_mbs = split_args(args if self._has_first else (), kwargs, n)
+        first = self._stages[0]
+        if first.is_first and first.expected_inputs is not None:  # refused here, before any rank hears of the step
+            for m, mb in enumerate(arg_mbs):
+                check_inputs(first.expected_inputs, mb, 0, m, None)
         targets = split_target(target, n) if self._has_last else None
         state = StepState(arg_mbs, kwarg_mbs, targets)
         scaled = backward and self.scale_grads and n != 1
