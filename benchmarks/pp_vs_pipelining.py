@@ -8,8 +8,9 @@ What is measured
     is ``schedule.step(...)`` on every rank with ``--microbatches`` microbatches and an MSE
     loss (gradients set to None before each step, no optimizer). For every schedule both
     libraries have (GPipe and 1F1B with one stage per rank; Interleaved1F1B and
-    InterleavedZeroBubble with two), both libraries run from the same weights, interleaved
-    within every round so that they share the machine's load.
+    InterleavedZeroBubble with two; with ``--schedules``, also LoopedBFS, and ZBVZeroBubble and
+    DualPipeV with two stages per rank in a V), both libraries run from the same weights,
+    interleaved within every round so that they share the machine's load.
 
 Columns (median over ``--rounds`` rounds of ``--steps`` timed steps, after 3 warm-up steps)
     ``ms/step``: wall time per step (a barrier before and after each round);
@@ -54,8 +55,12 @@ import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 
 from _common import format_table, machine_line  # noqa: E402
+from swpipeline.pp.orders import placement_of  # noqa: E402
+from swpipeline.pp.placement import stages_of  # noqa: E402
 
-SCHEDULES = {"ScheduleGPipe": 1, "Schedule1F1B": 1, "ScheduleInterleaved1F1B": 2, "ScheduleInterleavedZeroBubble": 2}
+SCHEDULES = {"ScheduleGPipe": 1, "Schedule1F1B": 1, "ScheduleInterleaved1F1B": 2, "ScheduleInterleavedZeroBubble": 2,
+             "ScheduleLoopedBFS": 2, "ScheduleZBVZeroBubble": 2, "ScheduleDualPipeV": 2}  # stages per rank
+DEFAULT_SCHEDULES = list(SCHEDULES)[:4]  # the others with --schedules
 LIBRARIES = ("torch", "swpipeline")
 
 
@@ -146,7 +151,7 @@ def build(lib_name: str, name: str, blocks: List[nn.Module], rank: int, world: i
         import swpipeline.pp as lib  # type: ignore[no-redef]
     local = SCHEDULES[name]
     num_stages = world * local
-    mine = list(range(rank, num_stages, world))
+    mine = stages_of(rank, world, num_stages, placement_of(name))  # in a V for ZBV and DualPipeV
     modules = {s: stage_of(blocks, s, num_stages) for s in mine}
     stages = [lib.PipelineStage(modules[s], s, num_stages, torch.device("cpu")) for s in mine]
     schedule = getattr(lib, name)(stages[0] if local == 1 else stages, n, loss_fn=loss_fn)
@@ -300,7 +305,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--models", nargs="+", default=["mlp", "transformer"], choices=sorted(MODELS))
-    parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=list(SCHEDULES))
+    parser.add_argument("--schedules", nargs="+", default=DEFAULT_SCHEDULES, choices=list(SCHEDULES))
     args = parser.parse_args()
     print(machine_line())
     print(f"{args.ranks} ranks on {os.cpu_count()} cores: the ranks share them (one intra-op thread each)\n")
