@@ -25,12 +25,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from .actions import BWD, BWD_W, Action, format_orders
+from .actions import BWD, BWD_W, Action, RankOrders, format_orders
 from .check import aligned_orders, prove
 from .comms import PipelineWork, Skip, derive
 from .compute import StageOps, StepState, check_inputs
 from .microbatches import merge_outputs, split_args, split_target
-from .orders import OrdersFn
+from .orders import BUILT_IN, OrdersFn
 from .placement import LOOP, rule, stages_of
 from .planner import StageCosts, costs_from_timelines, simulate_orders
 from .runner import RankRunner
@@ -44,7 +44,15 @@ DEFAULT_TIMEOUT_S = 300.0
 
 
 class PipelineSchedule:
-    """The part every schedule shares (see the module docstring); the schedules differ only in their orders."""
+    """The part every schedule shares (see the module docstring); the schedules differ only in their orders.
+
+    A built-in schedule names its order in ``orders.BUILT_IN`` (``_built_in``; where its stages live follows from
+    it, ``orders.placement_of``); ``ScheduleFromActions`` gives its own ``_orders``."""
+
+    _built_in = ""
+
+    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
+        return BUILT_IN[self._built_in](ranks, local, n, backward)
 
     def __init__(self, stages: Sequence[PipelineStage], n_microbatches: int, loss_fn: Optional[Callable[..., Any]],
                  scale_grads: bool, orders: OrdersFn, *, timeout: float = DEFAULT_TIMEOUT_S,

@@ -25,7 +25,6 @@ from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, U
 from . import orders
 from .actions import FWD, ActionLike, RankOrders, parse_orders
 from .comms import Skip
-from .placement import LOOP, V
 from .schedule_base import DEFAULT_TIMEOUT_S, PipelineSchedule
 from .stage import PipelineStage
 
@@ -63,15 +62,11 @@ class PipelineScheduleSingle(PipelineSchedule):
         super().__init__([stage], n_microbatches, loss_fn, scale_grads, self._orders, timeout=timeout,
                          skips=_check_skips(who, skips, [stage]))
 
-    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
-        raise NotImplementedError
-
 
 class ScheduleGPipe(PipelineScheduleSingle):
     """GPipe: every microbatch's forward, then every backward (fill and drain)."""
 
-    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
-        return orders.BUILT_IN["ScheduleGPipe"](ranks, local, n, backward)
+    _built_in = "ScheduleGPipe"
 
 
 class Schedule1F1B(PipelineScheduleSingle):
@@ -80,8 +75,7 @@ class Schedule1F1B(PipelineScheduleSingle):
     Unlike torch.distributed.pipelining's, it runs with fewer microbatches than stages too.
     """
 
-    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
-        return orders.BUILT_IN["Schedule1F1B"](ranks, local, n, backward)
+    _built_in = "Schedule1F1B"
 
 
 class PipelineScheduleMulti(PipelineSchedule):
@@ -91,8 +85,6 @@ class PipelineScheduleMulti(PipelineSchedule):
     nothing: the backward always runs autograd, and receives wait on threads of their own, never
     in front of the compute that does not need them.
     """
-
-    _placement = LOOP  # the V-shaped schedules: V (placement.py)
 
     def __init__(self, stages: Sequence[PipelineStage], n_microbatches: int, loss_fn: LossFn = None,
                  args_chunk_spec: Any = None, kwargs_chunk_spec: Any = None, output_merge_spec: Any = None,
@@ -105,27 +97,22 @@ class PipelineScheduleMulti(PipelineSchedule):
             stages = [stages]
         stages = list(stages)
         if stages and isinstance(stages[0], PipelineStage):
-            _check_fit(who, stages[0], n_microbatches)
+            _check_fit(who, self._built_in, stages[0], n_microbatches)
         super().__init__(stages, n_microbatches, loss_fn, scale_grads, self._orders, timeout=timeout,
-                         skips=_check_skips(who, skips, stages), placement=self._placement)
-
-    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
-        raise NotImplementedError
+                         skips=_check_skips(who, skips, stages), placement=orders.placement_of(self._built_in))
 
 
 class ScheduleInterleaved1F1B(PipelineScheduleMulti):
     """Interleaved 1F1B: several stages per rank, microbatches through them in groups of ``ranks`` (depth first)."""
 
-    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
-        return orders.BUILT_IN["ScheduleInterleaved1F1B"](ranks, local, n, backward)
+    _built_in = "ScheduleInterleaved1F1B"
 
 
 class ScheduleInterleavedZeroBubble(PipelineScheduleMulti):
     """Interleaved zero bubble: the backward split into the inputs' gradients (I) and the weights' (W), the W's
     held back to fill the bubble at the end of the step."""
 
-    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
-        return orders.BUILT_IN["ScheduleInterleavedZeroBubble"](ranks, local, n, backward)
+    _built_in = "ScheduleInterleavedZeroBubble"
 
 
 class ScheduleLoopedBFS(PipelineScheduleMulti):
@@ -142,18 +129,14 @@ class ScheduleLoopedBFS(PipelineScheduleMulti):
         super().__init__(stages, n_microbatches, loss_fn, None, None, output_merge_spec, scale_grads,
                          backward_requires_autograd, defer_pp_recv, timeout=timeout, skips=skips)
 
-    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
-        return orders.BUILT_IN["ScheduleLoopedBFS"](ranks, local, n, backward)
+    _built_in = "ScheduleLoopedBFS"
 
 
 class ScheduleZBVZeroBubble(PipelineScheduleMulti):
     """ZBV zero bubble: two stages per rank placed in a V (rank ``r`` holds stages ``r`` and ``2p - 1 - r``), each
     backward split in I then W, the W's of the drain held back to fill its bubble. Same order as torch's."""
 
-    _placement = V
-
-    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
-        return orders.BUILT_IN["ScheduleZBVZeroBubble"](ranks, local, n, backward)
+    _built_in = "ScheduleZBVZeroBubble"
 
 
 class ScheduleDualPipeV(PipelineScheduleMulti):
@@ -161,10 +144,7 @@ class ScheduleDualPipeV(PipelineScheduleMulti):
     runs a forward of one of its stages beside a backward of the other (one after the other here: a rank computes
     on one thread), the end of the drain split in I and W. Same order as torch's."""
 
-    _placement = V
-
-    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
-        return orders.BUILT_IN["ScheduleDualPipeV"](ranks, local, n, backward)
+    _built_in = "ScheduleDualPipeV"
 
 
 class ScheduleFromActions(PipelineScheduleMulti):
@@ -200,14 +180,14 @@ class ScheduleFromActions(PipelineScheduleMulti):
         return {rank: [a for a in actions if a.kind is FWD] for rank, actions in self._given.items()}
 
 
-def _check_fit(who: str, first: PipelineStage, n_microbatches: Any) -> None:
-    """The stages divide over the ranks, as many as the built-in schedule ``who`` runs per rank, with enough
-    microbatches for it (an ``n_microbatches`` that is no int is refused later, by the schedule)."""
+def _check_fit(who: str, built_in: str, first: PipelineStage, n_microbatches: Any) -> None:
+    """The stages divide over the ranks, as many as the built-in order ``built_in`` runs per rank (if any), with
+    enough microbatches for it (an ``n_microbatches`` that is no int is refused later, by the schedule)."""
     if first.num_stages % first.group_size:
         raise ValueError(f"{who}: {first.num_stages} stages do not divide evenly over {first.group_size} ranks; give "
                          f"every rank the same number of stages")
-    if who in orders.BUILT_IN and isinstance(n_microbatches, int) and not isinstance(n_microbatches, bool):
-        reason = orders.unfit(who, first.group_size, first.num_stages // first.group_size, n_microbatches)
+    if built_in and isinstance(n_microbatches, int) and not isinstance(n_microbatches, bool):
+        reason = orders.unfit(built_in, first.group_size, first.num_stages // first.group_size, n_microbatches)
         if reason is not None:
             raise ValueError(f"{who}: {reason}")
 

@@ -122,14 +122,28 @@ def marker(status: int, extra: Sequence[int] = (), size: int = HEADER_BYTES) -> 
     return buffer
 
 
+def text_marker(status: int, extra: Sequence[int], text: bytes, size: int = HEADER_BYTES) -> torch.Tensor:
+    """A message of ``size`` bytes: ``[status, *extra, len(text)]``, then the text right after, all in the header.
+    The failures and the HELLOs say what they say this way."""
+    at = 8 * (len(extra) + 2)
+    if len(text) > HEADER_BYTES - at:
+        raise ValueError(f"a text of {len(text)} bytes does not fit the header's {HEADER_BYTES - at}")
+    buffer = marker(status, [*extra, len(text)], size)
+    if text:
+        buffer[at:at + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+    return buffer
+
+
+def marker_text(buffer: torch.Tensor, extra: int) -> bytes:
+    """The text of a ``text_marker`` message with ``extra`` values before the text's length."""
+    at = 8 * (extra + 2)
+    length = int(buffer[:at].view(torch.int64)[extra + 1])
+    return bytes(buffer[at:at + min(length, HEADER_BYTES - at)].cpu().tolist())
+
+
 def failure_marker(text: bytes, size: int = HEADER_BYTES) -> torch.Tensor:
     """A failure message of ``size`` bytes: ``[FAILED, len(text)]`` and the text, all in the header."""
-    if len(text) > FAILURE_BYTES:
-        raise ValueError(f"a failure's text of {len(text)} bytes does not fit the header's {FAILURE_BYTES}")
-    buffer = marker(FAILED, [len(text)], size)
-    if text:
-        buffer[16:16 + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
-    return buffer
+    return text_marker(FAILED, (), text, size)
 
 
 HELLO_TEXT_BYTES = HEADER_BYTES - 24  # a HELLO's description: the header after its three values
@@ -137,23 +151,17 @@ HELLO_TEXT_BYTES = HEADER_BYTES - 24  # a HELLO's description: the header after 
 
 def hello_marker(fingerprint: int, text: bytes) -> torch.Tensor:
     """A HELLO saying what its sender runs: ``[HELLO, fingerprint, len(text)]`` and the text (cut to fit)."""
-    text = text[:HELLO_TEXT_BYTES]
-    buffer = marker(HELLO, [fingerprint, len(text)])
-    if text:
-        buffer[24:24 + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
-    return buffer
+    return text_marker(HELLO, (fingerprint,), text[:HELLO_TEXT_BYTES])
 
 
 def hello_text(buffer: torch.Tensor) -> str:
     """The description a HELLO carries (``hello_marker``)."""
-    length = int(buffer[:24].view(torch.int64)[2])
-    return bytes(buffer[24:24 + min(length, HELLO_TEXT_BYTES)].cpu().tolist()).decode("utf-8", "replace")
+    return marker_text(buffer, 1).decode("utf-8", "replace")
 
 
 def failure_text(buffer: torch.Tensor) -> bytes:
     """The text of a failure message (``failure_marker``)."""
-    length = int(buffer[:16].view(torch.int64)[1])
-    return bytes(buffer[16:16 + min(length, FAILURE_BYTES)].cpu().tolist())
+    return marker_text(buffer, 0)
 
 
 def pack(tensors: Payload, layout: Layout, device: torch.device) -> torch.Tensor:
