@@ -9,7 +9,9 @@ On 2 gloo ranks, in one start of the ranks:
 * a non-tensor keyword argument, given to every stage;
 * values between stages that receive no gradient: an int mask, and a float computed under
   ``no_grad`` (pytorch#152827 fails on this one): the gradients equal one process's;
-* an intermediate stage that returns a dict: refused, naming it and saying what to return.
+* an intermediate stage that returns a dict: refused, naming it and saying what to return;
+* chunk specs: the input split along dimension 1, a keyword mask along dimension 1 (given to
+  both stages), a tuple output joined along dimensions 0 and 1.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from torch import nn
 
 from dist_harness import run_on_ranks
+from swpipeline.pp.microbatch import TensorChunkSpec
 from swpipeline.pp.orders import placement_of
 from swpipeline.pp.placement import rank_of
 
@@ -32,7 +35,9 @@ class First(nn.Module):
         torch.manual_seed(0)
         self.layer, self.kind = nn.Linear(W, W), kind
 
-    def forward(self, x: torch.Tensor, scale: float = 1.0) -> Any:
+    def forward(self, x: torch.Tensor, scale: float = 1.0, mask: Any = None) -> Any:
+        if self.kind == "specs":  # x is (features, rows), the mask too
+            return self.layer(x.t()) * mask.t()
         h = self.layer(x) * scale
         if self.kind == "mask":
             return h, (x > 0).long()
@@ -51,7 +56,10 @@ class Last(nn.Module):
         torch.manual_seed(1)
         self.layer, self.kind = nn.Linear(W, W), kind
 
-    def forward(self, *values: Any, scale: float = 1.0) -> Any:
+    def forward(self, *values: Any, scale: float = 1.0, mask: Any = None) -> Any:
+        if self.kind == "specs":
+            out = self.layer(values[0]) * mask.t()
+            return out, out.t()
         if self.kind == "mask":
             return self.layer(values[0]) * values[1].float()
         if self.kind == "no_grad":
@@ -63,6 +71,8 @@ class Last(nn.Module):
 
 
 def loss_of(kind: str) -> Any:
+    if kind == "specs":
+        return lambda o, t: ((o[0] - t) ** 2).mean()
     if kind == "dict_out":
         return lambda o, t: ((o["out"] - t) ** 2).mean()
     return lambda o, t: ((o - t) ** 2).mean()
@@ -73,18 +83,28 @@ def batch() -> Tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(ROWS, W, generator=gen), torch.randn(ROWS, W, generator=gen)
 
 
+def spec_mask() -> torch.Tensor:
+    """A keyword mask of (features, rows), split along dimension 1."""
+    return (batch()[0] > 0).float().t()
+
+
 def one_process(kind: str, scale: float = 1.0) -> Dict[str, Any]:
     """The two modules in one process, microbatch after microbatch: joined outputs and scaled gradients."""
     first, last = First(kind), Last(kind)
     x, y = batch()
     outputs = []
-    for xm, ym in zip(torch.tensor_split(x, N), torch.tensor_split(y, N)):
-        h = first(xm, scale=scale)
-        out = last(*(h if isinstance(h, tuple) else (h,)), scale=scale)
+    masks = torch.tensor_split(spec_mask(), N, dim=1)
+    for m, (xm, ym) in enumerate(zip(torch.tensor_split(x, N), torch.tensor_split(y, N))):
+        if kind == "specs":  # the input transposed, split along dimension 1: the same rows
+            out = last(first(xm.t(), mask=masks[m]), mask=masks[m])
+        else:
+            h = first(xm, scale=scale)
+            out = last(*(h if isinstance(h, tuple) else (h,)), scale=scale)
         loss_of(kind)(out, ym).backward()
         outputs.append(out)
     joined: Any = ({k: torch.cat([o[k].detach() for o in outputs]) for k in outputs[0]} if kind == "dict_out"
-                   else torch.cat([o.detach() for o in outputs]))
+                   else (torch.cat([o[0].detach() for o in outputs]), torch.cat([o[1].detach() for o in outputs], 1))
+                   if kind == "specs" else torch.cat([o.detach() for o in outputs]))
     grads = [p.grad / N for p in [*first.parameters(), *last.parameters()]]
     return {"output": joined, "grads": grads}
 
@@ -117,15 +137,23 @@ def outputs_on_rank(rank: int, world: int) -> Dict[str, Any]:
         got[f"eval {name}"] = schedule.eval(*((x,) if 0 in mine else ()))
         if last:
             got[f"eval {name}"] = got[f"eval {name}"].clone()
-    for kind in ("plain", "dict_out", "mask", "no_grad", "kwargs", "no_return", "dict_between"):
+    for kind in ("plain", "dict_out", "mask", "no_grad", "kwargs", "no_return", "specs", "dict_between"):  # the
+        # failing one last: after a failed step the group carries its failures (build the group again to go on)
         module = First(kind) if rank == 0 else Last(kind)
         stage = pp.PipelineStage(module, rank, world, torch.device("cpu"))
-        schedule = pp.Schedule1F1B(stage, N, loss_fn=loss_of(kind))
+        specs = {}
+        if kind == "specs":
+            specs = dict(args_chunk_spec=TensorChunkSpec.from_tuple((1,)),
+                         kwargs_chunk_spec={"mask": TensorChunkSpec(1)},
+                         output_merge_spec=(TensorChunkSpec(0), TensorChunkSpec(1)))
+        schedule = pp.Schedule1F1B(stage, N, loss_fn=loss_of(kind), **specs)
         extra: Dict[str, Any] = {"scale": 2.0} if kind == "kwargs" else {}
+        if kind == "specs":
+            extra["mask"] = spec_mask()
         if rank == 1:
             extra.update(target=y, return_outputs=kind != "no_return")
         try:
-            output = schedule.step(*((x,) if rank == 0 else ()), **extra)
+            output = schedule.step(*(((x.t() if kind == "specs" else x),) if rank == 0 else ()), **extra)
         except Exception as exc:
             got[kind] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
@@ -141,13 +169,16 @@ def test_outputs_inputs_and_eval_as_torch_s_users_write_them() -> None:
         holder = rank_of(2 * local - 1, 2, placement_of(name))
         assert torch.equal(ranks[holder][f"eval {name}"], want_eval), name
         assert ranks[1 - holder][f"eval {name}"] is None
-    for kind in ("plain", "dict_out", "mask", "no_grad", "kwargs", "no_return"):
+    for kind in ("plain", "dict_out", "mask", "no_grad", "kwargs", "no_return", "specs"):
         want = one_process(kind, scale=2.0 if kind == "kwargs" else 1.0)
         grads = ranks[0][kind]["grads"] + ranks[1][kind]["grads"]
         assert len(grads) == len(want["grads"]) and all(torch.equal(g, w) for g, w in zip(grads, want["grads"])), kind
         output = ranks[1][kind]["output"]
         if kind == "no_return":
             assert output is None
+        elif kind == "specs":
+            assert isinstance(output, tuple) and [o.shape for o in output] == [(ROWS, W), (W, ROWS)]
+            assert all(torch.equal(o, w) for o, w in zip(output, want["output"]))
         elif kind == "dict_out":
             assert isinstance(output, dict) and list(output) == ["out", "rows"]
             assert all(torch.equal(output[k], want["output"][k]) for k in output)

@@ -34,6 +34,7 @@ from .planner import simulate as simulate
 from .schedule_base import PipelineSchedule as PipelineSchedule
 from .schedules import PipelineScheduleMulti as PipelineScheduleMulti
 from .schedules import PipelineScheduleSingle as PipelineScheduleSingle
+from .schedules import _ScheduleForwardOnly as _ScheduleForwardOnly  # torch exports it unlisted too
 from .schedules import Schedule1F1B as Schedule1F1B
 from .schedules import ScheduleDualPipeV as ScheduleDualPipeV
 from .schedules import ScheduleFromActions as ScheduleFromActions

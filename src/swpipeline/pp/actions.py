@@ -81,11 +81,13 @@ class Action(NamedTuple):
 
 
 ActionLike = Union[Action, str]
+_TORCH_KINDS = {"FULL_BACKWARD": Kind.BACKWARD}  # torch's names for an action's kind that differ from ours
 RankOrders = Dict[int, List[Action]]  # rank -> its compute actions, in the order it runs them
 
 
 def as_action(item: object, where: str) -> Action:
-    """An Action from an Action or its string form; ``where`` names the place in an error."""
+    """An Action from an Action, its string form, or torch.distributed.pipelining's own action object (a custom
+    schedule written for torch); ``where`` names the place in an error."""
     if isinstance(item, Action):
         return Action(item.stage, Kind(item.kind), item.microbatch)
     if isinstance(item, str):
@@ -93,12 +95,24 @@ def as_action(item: object, where: str) -> Action:
             return Action.parse(item)
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
+    stage, kind = getattr(item, "stage_index", None), getattr(item, "computation_type", None)
+    if isinstance(stage, int) and kind is not None:
+        name = getattr(kind, "name", str(kind))
+        ours = _TORCH_KINDS.get(name) or Kind.__members__.get(name)
+        microbatch = getattr(item, "microbatch_index", None)
+        if ours is None or not isinstance(microbatch, int):
+            raise ValueError(f"{where}: torch's action {item!r} ({name}) has no counterpart here: write the compute "
+                             f"actions F, B, I and W (the sends and receives are derived from them; a stage's "
+                             f"sharding is its own module's)")
+        return Action(stage, ours, microbatch)
     raise TypeError(f"{where}: an action is an Action or its string form such as '1F3', got "
                     f"{type(item).__name__} {item!r}")
 
 
-def parse_orders(orders: Mapping[int, Iterable[Optional[ActionLike]]]) -> RankOrders:
-    """``{rank: [actions]}`` as Actions; ``None`` entries (idle steps, as torch writes them) are dropped.
+def parse_orders(orders: Mapping[int, Iterable[Optional[ActionLike]]], compute_only: bool = False) -> RankOrders:
+    """``{rank: [actions]}`` as Actions; ``None`` entries (idle steps, as torch writes them) are dropped, torch's
+    overlapped pair of actions read as its two actions, and, with ``compute_only``, the sends and receives dropped
+    (they are derived from the compute actions).
 
     Raises:
         TypeError, ValueError: a rank is not an int, or an action cannot be read.
@@ -112,7 +126,12 @@ def parse_orders(orders: Mapping[int, Iterable[Optional[ActionLike]]]) -> RankOr
             raise TypeError(f"actions: the keys are ranks (ints), got {rank!r}")
         if isinstance(items, str):
             items = items.split()
-        parsed[rank] = [as_action(item, f"actions[{rank}][{k}]") for k, item in enumerate(items) if item is not None]
+        actions = []
+        for k, item in enumerate(items):
+            for part in getattr(item, "sub_actions", None) or [item]:
+                if part is not None:
+                    actions.append(as_action(part, f"actions[{rank}][{k}]"))
+        parsed[rank] = [a for a in actions if a.is_compute or not compute_only]
     return parsed
 
 

@@ -24,7 +24,7 @@ from typing import Dict, List, Mapping, NamedTuple, Sequence, Tuple
 
 from .actions import BACKWARD_KINDS, BWD, FWD, BWD_I, BWD_W, Action, Kind, RankOrders
 from .errors import ScheduleHangError
-from .placement import LOOP, rank_of, rule
+from .placement import LOOP, Placement, rank_of, rule
 
 __all__: List[str] = []
 
@@ -88,14 +88,14 @@ class PipelineWork:
     backward: bool
     ranks: Dict[int, RankWork]
     skips: Tuple[Skip, ...] = ()
-    placement: str = LOOP  # placement.py
+    placement: Placement = LOOP  # placement.py
 
     def rank_of(self, stage: int) -> int:
         return rank_of(stage, self.num_ranks, self.placement)
 
 
 def derive(orders: RankOrders, num_ranks: int, num_stages: int, n_microbatches: int, backward: bool,
-           skips: Sequence[Skip] = (), placement: str = LOOP) -> PipelineWork:
+           skips: Sequence[Skip] = (), placement: Placement = LOOP) -> PipelineWork:
     """Check every stage's work complete, then derive each rank's messages (see the module docstring).
 
     Raises:
@@ -161,7 +161,8 @@ class _Finder:
         return Action(stage, self.kinds.get((stage, microbatch), BWD), microbatch)
 
 
-def _message(kind: str, src: int, dst: int, m: int, num_ranks: int, finder: _Finder, placement: str) -> Message:
+def _message(kind: str, src: int, dst: int, m: int, num_ranks: int, finder: _Finder,
+             placement: Placement) -> Message:
     if kind == "F":
         producer, consumer = Action(src, FWD, m), Action(dst, FWD, m)
     else:
@@ -171,7 +172,7 @@ def _message(kind: str, src: int, dst: int, m: int, num_ranks: int, finder: _Fin
 
 
 def _check_complete(orders: RankOrders, num_ranks: int, num_stages: int, n_microbatches: int, backward: bool,
-                    placement: str) -> None:
+                    placement: Placement) -> None:
     seen: Dict[Tuple[int, Kind, int], int] = {}
     for rank in sorted(orders):
         if not 0 <= rank < num_ranks:
@@ -209,7 +210,7 @@ def _check_complete(orders: RankOrders, num_ranks: int, num_stages: int, n_micro
 
 
 def _check_action(rank: int, k: int, action: Action, num_ranks: int, num_stages: int, n_microbatches: int,
-                  backward: bool, placement: str) -> None:
+                  backward: bool, placement: Placement) -> None:
     where = f"actions: rank {rank}, step {k}: {action}"
     if not action.is_compute:
         raise ValueError(f"{where} is a communication action; list only compute actions (F, B, I, W): the sends "

@@ -7,8 +7,8 @@ the gradient of each input in its ``.grad``, which goes back to the stage it cam
 
     F(s, m):  inputs = value from s-1 (+ skip sources) -> submodule -> output  (kept for B)
     B(s, m):  autograd.backward(output, grad of output) -> grads of the inputs, to each source
-    I(s, m):  the inputs' gradients only (autograd.grad, keeping the graph)
-    W(s, m):  the parameters' gradients (autograd.backward into the parameters only)
+    I(s, m):  the inputs' gradients only (autograd.grad, keeping the graph; backward.py)
+    W(s, m):  the parameters' gradients (autograd.backward into the parameters only; backward.py)
 
 With a stage's ``dw_builder``, ``I`` is a whole backward, then ``dw_builder()`` kept for ``W``
 to call; ``B`` is a whole backward, then ``dw_builder()()``.
@@ -27,8 +27,9 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 import torch
 
 from .actions import BWD, FWD, BWD_I, BWD_W, Action
+from .backward import inputs_grad, weights_grad
 from .data_parallel import backward_sync, forward_sync
-from .microbatches import as_tuple
+from .microbatch import as_tuple
 from .stage import PipelineStage
 
 __all__: List[str] = []
@@ -187,8 +188,7 @@ class StageOps:
             found: Dict[int, torch.Tensor] = {}
             if roots and wanted:
                 with backward_sync(self.stages[s].submod, roots, False):  # no parameter's gradient: no reduction
-                    got = torch.autograd.grad(roots, wanted, grad_outputs=grads, retain_graph=True,
-                                              allow_unused=True)
+                    got = inputs_grad((tuple(roots), tuple(grads)), wanted)
                 found = {id(v): g for v, g in zip(wanted, got) if g is not None}
             self._send_input_grads(s, m, saved, [found.get(id(v)) for v in saved.inputs], state)
         state.weight_pending[(s, m)] = (tuple(roots), tuple(grads))
@@ -202,7 +202,7 @@ class StageOps:
         params = [p for p in self.stages[s].submod.parameters() if p.requires_grad]
         if roots and params:
             with backward_sync(self.stages[s].submod, roots, self.last_backward.get(s) == Action(s, BWD_W, m)):
-                torch.autograd.backward(list(roots), grad_tensors=list(grads), inputs=params)
+                weights_grad((roots, grads), params)
 
     @staticmethod
     def _take_grad(value: Any) -> Optional[torch.Tensor]:

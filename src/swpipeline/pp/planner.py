@@ -24,7 +24,7 @@ from . import orders
 from .actions import BWD, BWD_I, BWD_W, FWD, RankOrders
 from .check import paper_times
 from .comms import Skip, derive
-from .placement import LOOP
+from .placement import LOOP, Placement
 from .units import Unit, units_of_rank
 
 __all__: List[str] = []
@@ -93,7 +93,7 @@ def simulate(schedule: str, num_ranks: int, n_microbatches: int, batch: int, cos
 
 
 def simulate_orders(rank_orders: RankOrders, num_ranks: int, n_microbatches: int, batch: int, costs: StageCosts,
-                    skips: Sequence[Skip] = (), placement: str = LOOP) -> float:
+                    skips: Sequence[Skip] = (), placement: Placement = LOOP) -> float:
     """``simulate`` for any orders (``schedule.pipeline_order`` without its idle steps, a custom list), whose stages
     are placed as ``placement`` says (``placement.py``)."""
     num_stages = len(costs.forward_ms)

@@ -20,18 +20,18 @@ import dataclasses
 import hashlib
 import math
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
-from .actions import BWD, BWD_W, Action, RankOrders, format_orders
+from .actions import BWD, BWD_W, FWD, Action, RankOrders, format_orders, parse_orders
 from .check import aligned_orders, prove
 from .comms import PipelineWork, Skip, derive
 from .compute import StageOps, StepState, check_inputs
-from .microbatches import merge_outputs, split_args, split_target
-from .orders import BUILT_IN, OrdersFn
-from .placement import LOOP, rule, stages_of
+from .microbatch import merge_outputs, split_args_kwargs_into_chunks, split_target
+from .orders import BUILT_IN, placement_of
+from .placement import LOOP, V, Placement, of_orders, rule, stages_of
 from .planner import StageCosts, costs_from_timelines, simulate_orders
 from .runner import RankRunner
 from .stage import PipelineStage
@@ -47,18 +47,26 @@ class PipelineSchedule:
     """The part every schedule shares (see the module docstring); the schedules differ only in their orders.
 
     A built-in schedule names its order in ``orders.BUILT_IN`` (``_built_in``; where its stages live follows from
-    it, ``orders.placement_of``); ``ScheduleFromActions`` gives its own ``_orders``."""
+    it, ``orders.placement_of``). A schedule written as data gives every rank's actions instead: as
+    ``ScheduleFromActions``' argument, or, as torch's custom schedules do, by setting ``pipeline_order`` in its
+    ``__init__``; its stages live where its actions put them (``placement.of_orders``)."""
 
     _built_in = ""
+    _given: Optional[RankOrders] = None  # a schedule written as data: every rank's compute actions
 
     def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
+        if self._given is not None:
+            return {rank: [a for a in actions if backward or a.kind is FWD] for rank, actions in self._given.items()}
+        if not self._built_in:
+            raise ValueError(f"{type(self).__name__} has no order of actions: a schedule class of your own sets "
+                             f"self.pipeline_order = {{rank: [actions, ...]}} in its __init__ (or use "
+                             f"ScheduleFromActions(stages, n_microbatches, actions))")
         return BUILT_IN[self._built_in](ranks, local, n, backward)
 
     def __init__(self, stages: Sequence[PipelineStage], n_microbatches: int, loss_fn: Optional[Callable[..., Any]],
-                 scale_grads: bool, orders: OrdersFn, *, timeout: float = DEFAULT_TIMEOUT_S,
-                 skips: Sequence[Skip] = (), placement: str = LOOP) -> None:
-        self._placement = placement
-        self._stages = _check_stages(stages, type(self).__name__, placement)
+                 scale_grads: bool, *, timeout: float = DEFAULT_TIMEOUT_S, skips: Sequence[Skip] = (),
+                 specs: Tuple[Any, Any, Any] = (None, None, None)) -> None:
+        self._stages = _check_stages(stages, type(self).__name__)
         if isinstance(n_microbatches, bool) or not isinstance(n_microbatches, int) or n_microbatches < 1:
             raise ValueError(f"{type(self).__name__}: n_microbatches must be an int >= 1, got {n_microbatches!r}")
         if loss_fn is not None and not callable(loss_fn):
@@ -71,25 +79,67 @@ class PipelineSchedule:
         self._loss_fn = loss_fn
         self.scale_grads = bool(scale_grads)
         self._timeout = float(timeout)
-        self._orders_fn = orders
         self._skips = tuple(skips)
+        self._args_spec, self._kwargs_spec, self._merge_spec = specs  # microbatch.py
         self.num_ranks, self.num_stages, self.rank = first.group_size, first.num_stages, first.group_rank
         self._has_first = any(s.is_first for s in self._stages)
         self._has_last = any(s.is_last for s in self._stages)
         device = first.device if dist.get_backend(first.group) == "nccl" else torch.device("cpu")
         self._transport = Transport(first.group, self.rank, device, self._timeout)
+        self._placement: Placement = LOOP
         self._built: Dict[bool, Tuple[PipelineWork, Dict[int, RankUnits]]] = {}
         self._runners: Dict[bool, RankRunner] = {}
-        self._work(loss_fn is not None)  # proved now, before any rank sends anything
-        self.pipeline_order: Dict[int, List[Optional[Action]]] = aligned_orders(self._work(loss_fn is not None)[1],
-                                                                                 COMPUTE)
+        if self._given is not None or self._built_in:
+            self._settle()  # proved now, before any rank sends anything
+
+    def _settle(self) -> None:
+        """Place the stages as the order says, check this rank's against it, derive and prove every rank's work."""
+        placement: Placement = (placement_of(self._built_in) if self._given is None
+                                else of_orders(self._given, self.num_ranks, self.num_stages))
+        _check_placement(self._stages, type(self).__name__, placement)
+        self._placement = placement
+        self._built.clear()
+        self._runners.clear()
+        self._work(self._loss_fn is not None)
+
+    def _define(self, order: Mapping[int, Sequence[Any]], compute_only: bool) -> None:
+        """A schedule of the user's own: every rank's actions, proved now."""
+        self._given = parse_orders(order, compute_only)
+        self._settle()
+
+    @property
+    def pipeline_order(self) -> Dict[int, List[Optional[Action]]]:
+        """Every rank's compute actions on paper, one tick each, None where a rank idles (``print_schedule`` draws
+        it). A schedule class of one's own sets it in its ``__init__`` to give its order, ``{rank: [actions]}``:
+        ``Action`` objects, their strings (``"1F3"``), or torch's own action objects, ``None`` for an idle tick;
+        it is checked and proved at once."""
+        return aligned_orders(self._work(self._loss_fn is not None)[1], COMPUTE)
+
+    @pipeline_order.setter
+    def pipeline_order(self, order: Mapping[int, Sequence[Any]]) -> None:
+        self._define(order, compute_only=False)
+
+    @property
+    def pipeline_order_with_comms(self) -> Dict[int, List[Action]]:
+        """torch's form of a custom order that lists the sends and receives too. Set, its sends and receives are
+        dropped and derived again from the compute actions (each is posted as soon as its value exists, on a
+        thread of its own); read, it gives every rank's compute actions."""
+        return {rank: list(work.compute) for rank, work in self._work(self._loss_fn is not None)[0].ranks.items()}
+
+    @pipeline_order_with_comms.setter
+    def pipeline_order_with_comms(self, order: Mapping[int, Sequence[Any]]) -> None:
+        self._define(order, compute_only=True)
+
+    def _validate_and_set_stage_mapping(self, order: Mapping[int, Sequence[Any]]) -> None:
+        """What a custom schedule written for torch calls after setting ``pipeline_order``: check it again."""
+        self._define(order, compute_only=False)
 
     # -- every rank's schedule --------------------------------------------------------------------
 
     def _work(self, backward: bool) -> Tuple[PipelineWork, Dict[int, RankUnits]]:
         if backward not in self._built:
             local = self.num_stages // self.num_ranks
-            orders = self._orders_fn(self.num_ranks, local, self._n_microbatches, backward)
+            orders = self._orders(self.num_ranks, local, self._n_microbatches, backward)
             work = derive(orders, self.num_ranks, self.num_stages, self._n_microbatches, backward, self._skips,
                           self._placement)
             units = {rank: units_of_rank(work, rank) for rank in range(self.num_ranks)}
@@ -178,7 +228,7 @@ class PipelineSchedule:
         costs = costs_from_timelines([g[0] for g in gathered], self.num_stages, max(batch // self._n_microbatches, 1),
                                      0.0)
         costs = dataclasses.replace(costs, message_ms=costs.message_ms + max(g[3] for g in gathered))
-        orders = self._orders_fn(self.num_ranks, self.num_stages // self.num_ranks, self._n_microbatches, True)
+        orders = self._orders(self.num_ranks, self.num_stages // self.num_ranks, self._n_microbatches, True)
         on_paper = simulate_orders(orders, self.num_ranks, self._n_microbatches, batch, costs, self._skips,
                                    self._placement)
         return dataclasses.replace(costs, step_ms=max(max(g[1] for g in gathered) - on_paper, 0.0))
@@ -194,12 +244,20 @@ class PipelineSchedule:
                              f"pass target=")
         if losses is not None and not isinstance(losses, list):
             raise TypeError(f"step(): losses must be a list to fill, got {type(losses).__name__}")
-        arg_mbs, kwarg_mbs = split_args(args if self._has_first else (), kwargs, n)
+        try:
+            arg_mbs, kwarg_mbs = split_args_kwargs_into_chunks(args if self._has_first else (), kwargs, n,
+                                                               self._args_spec if self._has_first else None,
+                                                               self._kwargs_spec)
+        except ValueError as exc:
+            raise ValueError(f"step(): {exc}") from None
         first = self._stages[0]
         if first.is_first and first.expected_inputs is not None:  # refused here, before any rank hears of the step
             for m, mb in enumerate(arg_mbs):
                 check_inputs(first.expected_inputs, mb, 0, m, None)
-        targets = split_target(target, n) if self._has_last else None
+        try:
+            targets = split_target(target, n) if self._has_last else None
+        except ValueError as exc:
+            raise ValueError(f"step(): {exc}") from None
         state = StepState(arg_mbs, kwarg_mbs, targets)
         scaled = backward and self.scale_grads and n != 1
         earlier = _set_aside_gradients(self._stages) if scaled else []
@@ -218,7 +276,7 @@ class PipelineSchedule:
             losses.clear()
             losses.extend(state.losses[m] for m in range(n))
         if self._has_last and return_outputs:
-            return merge_outputs([state.results[m] for m in range(n)])
+            return merge_outputs([state.results[m] for m in range(n)], self._merge_spec)
         return None
 
     def _config(self, backward: bool) -> Config:
@@ -229,7 +287,7 @@ class PipelineSchedule:
                   self._skips, self.scale_grads, backward, sorted((r, [str(a) for a in w.compute])
                                                                   for r, w in work.ranks.items()))
         fingerprint = int.from_bytes(hashlib.blake2b(repr(agreed).encode(), digest_size=7).digest(), "big") or 1
-        extras = ["placed in a V" if self._placement != LOOP else "", f"skips {list(self._skips)}" if self._skips
+        extras = [_placed(self._placement), f"skips {list(self._skips)}" if self._skips
                   else "", "scale_grads=False" if not self.scale_grads else "", "step()" if backward else "eval()"]
         text = (f"{type(self).__name__} with {self._n_microbatches} microbatches over {self.num_stages} stages"
                 + "".join(f", {e}" for e in extras if e))
@@ -270,7 +328,7 @@ def _add_back(earlier: List[Tuple[torch.Tensor, torch.Tensor]]) -> None:
         grad.add_(before)
 
 
-def _check_stages(stages: Sequence[PipelineStage], who: str, placement: str) -> List[PipelineStage]:
+def _check_stages(stages: Sequence[PipelineStage], who: str) -> List[PipelineStage]:
     """This rank's stages, in pipeline order, all of one pipeline."""
     found = list(stages)
     if not found:
@@ -288,9 +346,22 @@ def _check_stages(stages: Sequence[PipelineStage], who: str, placement: str) -> 
     indices = [s.stage_index for s in found]
     if len(set(indices)) != len(indices):
         raise ValueError(f"{who}: stage indices {indices} repeat; give each stage once")
+    return found
+
+
+def _check_placement(stages: Sequence[PipelineStage], who: str, placement: Placement) -> None:
+    """This rank was given exactly the stages the placement puts on it."""
+    first = stages[0]
+    indices = [s.stage_index for s in stages]
     expected = stages_of(first.group_rank, first.group_size, first.num_stages, placement)
     if indices != expected:
         raise ValueError(f"{who}: rank {first.group_rank} holds the stages {expected} "
                          f"({rule(first.group_size, placement)}) but was given {indices}: build every one of them on "
                          f"this rank")
-    return found
+
+
+def _placed(placement: Placement) -> str:
+    """The placement in a schedule's description (none for a loop)."""
+    if isinstance(placement, tuple):
+        return "stages on ranks " + " ".join(map(str, placement))
+    return "placed in a V" if placement == V else ""

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Union
 
 from . import orders
-from .actions import FWD, ActionLike, RankOrders, parse_orders
+from .actions import ActionLike, parse_orders
 from .comms import Skip
 from .schedule_base import DEFAULT_TIMEOUT_S, PipelineSchedule
 from .stage import PipelineStage
@@ -33,16 +33,14 @@ __all__: List[str] = []
 LossFn = Optional[Callable[..., Any]]
 
 
-def _check_specs(who: str, **specs: Any) -> None:
-    """Chunk and merge specs: only the default (split and join along dimension 0) is supported."""
-    for name, spec in specs.items():
-        if spec is None:
-            continue
-        dims = [getattr(s, "split_dim", None) for s in (spec.values() if isinstance(spec, Mapping) else
-                                                        spec if isinstance(spec, (tuple, list)) else [spec])]
-        if any(d != 0 for d in dims):
-            raise ValueError(f"{who}: {name}={spec!r} is not supported: inputs are split, and outputs joined, "
-                             f"along dimension 0; leave {name} as None")
+def _check_specs(who: str, args_chunk_spec: Any, kwargs_chunk_spec: Any) -> None:
+    """The chunk specs' outer shape: a tuple or list (one spec per positional argument), a dict (per keyword)."""
+    if args_chunk_spec is not None and not isinstance(args_chunk_spec, (tuple, list)):
+        raise TypeError(f"{who}: args_chunk_spec must be a tuple with one spec per positional argument, such as "
+                        f"TensorChunkSpec.from_tuple((0, 1)), got {args_chunk_spec!r}")
+    if kwargs_chunk_spec is not None and not isinstance(kwargs_chunk_spec, Mapping):
+        raise TypeError(f"{who}: kwargs_chunk_spec must be a dict with one spec per keyword argument, such as "
+                        f"TensorChunkSpec.from_dict({{'mask': 1}}), got {kwargs_chunk_spec!r}")
 
 
 class PipelineScheduleSingle(PipelineSchedule):
@@ -52,15 +50,15 @@ class PipelineScheduleSingle(PipelineSchedule):
                  args_chunk_spec: Any = None, kwargs_chunk_spec: Any = None, output_merge_spec: Any = None,
                  scale_grads: bool = True, *, timeout: float = DEFAULT_TIMEOUT_S, skips: Iterable[Skip] = ()) -> None:
         who = type(self).__name__
-        _check_specs(who, args_chunk_spec=args_chunk_spec, kwargs_chunk_spec=kwargs_chunk_spec,
-                     output_merge_spec=output_merge_spec)
+        _check_specs(who, args_chunk_spec, kwargs_chunk_spec)
         if not isinstance(stage, PipelineStage):
             raise TypeError(f"{who}: stage must be a swpipeline.pp.PipelineStage, got {type(stage).__name__}")
         if stage.num_stages != stage.group_size:
             raise ValueError(f"{who} runs one stage per rank, but the pipeline has {stage.num_stages} stages on "
                              f"{stage.group_size} ranks: use ScheduleInterleaved1F1B for several stages per rank")
-        super().__init__([stage], n_microbatches, loss_fn, scale_grads, self._orders, timeout=timeout,
-                         skips=_check_skips(who, skips, [stage]))
+        super().__init__([stage], n_microbatches, loss_fn, scale_grads, timeout=timeout,
+                         skips=_check_skips(who, skips, [stage]),
+                         specs=(args_chunk_spec, kwargs_chunk_spec, output_merge_spec))
 
 
 class ScheduleGPipe(PipelineScheduleSingle):
@@ -81,6 +79,15 @@ class Schedule1F1B(PipelineScheduleSingle):
 class PipelineScheduleMulti(PipelineSchedule):
     """A schedule with several stages per rank, placed in a loop (stage ``s`` on rank ``s % ranks``).
 
+    A schedule class of one's own, as torch's custom schedules are written, subclasses it and sets
+    ``self.pipeline_order = {rank: [actions]}`` in its ``__init__`` (torch's ``_Action`` objects
+    are read too); its stages may be placed anyhow, each on the rank whose list holds its actions::
+
+        class Mine(PipelineScheduleMulti):
+            def __init__(self, stages, n_microbatches, loss_fn=None):
+                super().__init__(stages, n_microbatches, loss_fn)
+                self.pipeline_order = {0: ["0F0", "1F0", "4F0", "4B0", "1B0", "0B0"], 1: ["2F0", "3F0", "3B0", "2B0"]}
+
     ``backward_requires_autograd`` and ``defer_pp_recv`` are accepted for torch's sake and change
     nothing: the backward always runs autograd, and receives wait on threads of their own, never
     in front of the compute that does not need them.
@@ -91,15 +98,15 @@ class PipelineScheduleMulti(PipelineSchedule):
                  scale_grads: bool = True, backward_requires_autograd: bool = True, defer_pp_recv: bool = False, *,
                  timeout: float = DEFAULT_TIMEOUT_S, skips: Iterable[Skip] = ()) -> None:
         who = type(self).__name__
-        _check_specs(who, args_chunk_spec=args_chunk_spec, kwargs_chunk_spec=kwargs_chunk_spec,
-                     output_merge_spec=output_merge_spec)
+        _check_specs(who, args_chunk_spec, kwargs_chunk_spec)
         if isinstance(stages, PipelineStage):
             stages = [stages]
         stages = list(stages)
-        if stages and isinstance(stages[0], PipelineStage):
+        if stages and isinstance(stages[0], PipelineStage) and self._built_in:
             _check_fit(who, self._built_in, stages[0], n_microbatches)
-        super().__init__(stages, n_microbatches, loss_fn, scale_grads, self._orders, timeout=timeout,
-                         skips=_check_skips(who, skips, stages), placement=orders.placement_of(self._built_in))
+        super().__init__(stages, n_microbatches, loss_fn, scale_grads, timeout=timeout,
+                         skips=_check_skips(who, skips, stages),
+                         specs=(args_chunk_spec, kwargs_chunk_spec, output_merge_spec))
 
 
 class ScheduleInterleaved1F1B(PipelineScheduleMulti):
@@ -147,6 +154,22 @@ class ScheduleDualPipeV(PipelineScheduleMulti):
     _built_in = "ScheduleDualPipeV"
 
 
+class _PipelineScheduleRuntime(PipelineScheduleMulti):
+    """The base torch gives custom schedules that list their sends and receives (``pipeline_order_with_comms``);
+    here a ``PipelineScheduleMulti`` like any other: the sends and receives are derived from the compute actions."""
+
+
+class _ScheduleForwardOnly(PipelineScheduleSingle):
+    """torch's forward-only schedule: every microbatch's forward, stage after stage; ``step()`` is ``eval()``."""
+
+    _built_in = "ScheduleGPipe"
+
+    def step(self, *args: Any, target: Any = None, losses: Optional[List[Any]] = None, return_outputs: bool = True,
+             **kwargs: Any) -> Any:
+        """A forward-only step, as ``eval()``."""
+        return self._step(False, args, kwargs, target, losses, return_outputs)
+
+
 class ScheduleFromActions(PipelineScheduleMulti):
     """A schedule written as data: every rank's compute actions, checked before anything runs.
 
@@ -155,7 +178,7 @@ class ScheduleFromActions(PipelineScheduleMulti):
         ScheduleFromActions(stages, 2, {0: "0F0 0F1 0B0 0B1", 1: "1F0 1B0 1F1 1B1"}, loss_fn=loss)
 
     Args:
-        stages: this rank's stages.
+        stages: this rank's stages; each stage lives on the rank whose list holds its actions (any placement).
         n_microbatches: microbatches per step.
         actions: per rank, its compute actions in order (``Action`` objects or strings such as
             ``"1F3"``; a list, or one string with spaces between them; ``None`` entries are ignored).
@@ -173,11 +196,6 @@ class ScheduleFromActions(PipelineScheduleMulti):
                  scale_grads: bool = True, *, timeout: float = DEFAULT_TIMEOUT_S, skips: Iterable[Skip] = ()) -> None:
         self._given = parse_orders(actions)
         super().__init__(stages, n_microbatches, loss_fn, scale_grads=scale_grads, timeout=timeout, skips=skips)
-
-    def _orders(self, ranks: int, local: int, n: int, backward: bool) -> RankOrders:
-        if backward:
-            return {rank: list(actions) for rank, actions in self._given.items()}
-        return {rank: [a for a in actions if a.kind is FWD] for rank, actions in self._given.items()}
 
 
 def _check_fit(who: str, built_in: str, first: PipelineStage, n_microbatches: Any) -> None:

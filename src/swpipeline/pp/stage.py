@@ -8,7 +8,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .placement import LOOP, V, rank_of, rule, stages_of
 
 __all__: List[str] = []
 
@@ -32,7 +31,8 @@ class PipelineStage:
         group: the process group of the pipeline's ranks (None: the default group). Stage
             ``s`` runs on the rank ``s % group size`` of the group, or, for the schedules that
             place stages in a V (``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV``), on rank ``s``,
-            then ``2 * group size - 1 - s``; the schedule checks its stages against its placement.
+            then ``2 * group size - 1 - s``, or, for a schedule written as data, on the rank whose
+            actions name it; the schedule checks each rank's stages against its placement.
         dw_builder: for a split backward (``I`` then ``W``, the zero-bubble schedules): a function
             that returns a function computing this stage's weight gradients. With it, ``I`` runs
             autograd's whole backward (the submodule defers its weights' gradients itself), then
@@ -42,8 +42,7 @@ class PipelineStage:
 
     Raises:
         TypeError: ``submodule`` is not an ``nn.Module``.
-        ValueError: ``stage_index`` out of range, more ranks than stages, or the stage on a rank
-            that holds it under neither placement.
+        ValueError: ``stage_index`` out of range, or more ranks than stages.
         RuntimeError: ``torch.distributed`` is not initialized.
     """
 
@@ -81,14 +80,6 @@ class PipelineStage:
         if self.group_size > num_stages:
             raise ValueError(f"PipelineStage: the process group has {self.group_size} ranks but the pipeline only "
                              f"{num_stages} stages; every rank needs at least one stage")
-        homes = {rank_of(stage_index, self.group_size, style) for style in (LOOP, V)}
-        if self.group_rank not in homes:
-            raise ValueError(f"PipelineStage: stage {stage_index} lives on rank {stage_index % self.group_size} "
-                             f"({rule(self.group_size, LOOP)}; with ScheduleZBVZeroBubble or ScheduleDualPipeV on "
-                             f"rank {rank_of(stage_index, self.group_size, V)}: {rule(self.group_size, V)}), but this "
-                             f"is rank {self.group_rank}: build stage {stage_index} there, and here the stages "
-                             f"{stages_of(self.group_rank, self.group_size, num_stages, LOOP)} (or, in a V, "
-                             f"{stages_of(self.group_rank, self.group_size, num_stages, V)})")
 
     @property
     def is_first(self) -> bool:
