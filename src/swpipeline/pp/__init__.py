@@ -24,6 +24,7 @@ from typing import List
 
 from .actions import Action as Action
 from .actions import Kind as Kind
+from .clip import clip_grad_norm_ as clip_grad_norm_
 from .errors import PipelineRankError as PipelineRankError
 from .errors import RankTimeoutError as RankTimeoutError
 from .errors import ScheduleHangError as ScheduleHangError
@@ -74,6 +75,7 @@ __all__: List[str] = [
     "StageCosts",
     "autoplan",
     "build_stage",
+    "clip_grad_norm_",
     "pipe_split",
     "pipeline",
     "simulate",

@@ -1,0 +1,101 @@
+"""Gradient-norm clipping across pipeline stages, bit for bit what one process's ``clip_grad_norm_`` gives.
+
+One process computes each gradient's norm, groups them by dtype in the order the parameters
+come, and takes the norm of that vector of norms; then scales every gradient by
+``max_norm / (total + 1e-6)`` (at most 1). Across ranks each rank holds some of the
+gradients: each computes its own gradients' norms by the same calls, every rank gathers all
+of them (a float each), puts them in the one-process order (stage by stage, each stage's
+parameters in order, grouped by dtype as one process groups them) and takes the same norm of
+them, so every rank gets the one-process total, bit for bit, and scales its own gradients
+by it. Adding up each rank's share of the squares instead (the usual way) sums in another
+order and differs from one process by an ulp or so.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torch.utils._foreach_utils import _device_has_foreach_support, _has_foreach_support
+
+from .stage import PipelineStage
+
+__all__: List[str] = ["clip_grad_norm_"]
+
+
+def _stages_of(stages: Any) -> List[PipelineStage]:
+    """This rank's stages: from a schedule, a stage, or a list of stages."""
+    found = getattr(stages, "_stages", stages)
+    found = [found] if isinstance(found, PipelineStage) else list(found)
+    if not found or not all(isinstance(s, PipelineStage) for s in found):
+        raise TypeError(f"clip_grad_norm_: give this rank's schedule, its PipelineStage, or a list of its stages, "
+                        f"got {stages!r}")
+    return sorted(found, key=lambda s: s.stage_index)
+
+
+def _norms(grads: Sequence[torch.Tensor], norm_type: float, foreach: Any) -> List[torch.Tensor]:
+    """Each gradient's norm, by the calls one process's ``clip_grad_norm_`` makes for its device and dtype."""
+    if not grads:
+        return []
+    device = grads[0].device
+    if (foreach is None and _has_foreach_support(list(grads), device)) or (foreach and
+                                                                           _device_has_foreach_support(device)):
+        return list(torch._foreach_norm(list(grads), norm_type))
+    if foreach:
+        raise RuntimeError(f"clip_grad_norm_: foreach=True was passed, but {device.type} tensors have no foreach "
+                           f"operators; pass foreach=None")
+    return [torch.linalg.vector_norm(g, norm_type) for g in grads]
+
+
+def clip_grad_norm_(stages: Any, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                    foreach: Any = None) -> torch.Tensor:
+    """Clip the gradients of every stage of the pipeline by their total norm, as one process clips the whole
+    model's; call it on every rank of the pipeline, after ``step()``.
+
+    Args:
+        stages: this rank's schedule, its ``PipelineStage``, or a list of its stages.
+        max_norm, norm_type, error_if_nonfinite, foreach: as ``torch.nn.utils.clip_grad_norm_``'s.
+
+    Returns:
+        The total norm of all the pipeline's gradients (the same tensor on every rank), on this rank's first
+        stage's device.
+
+    Raises:
+        RuntimeError: the total norm is NaN or infinite and ``error_if_nonfinite`` (on every rank alike).
+    """
+    with torch.no_grad():
+        return _clip(_stages_of(stages), max_norm, float(norm_type), error_if_nonfinite, foreach)
+
+
+def _clip(mine: List[PipelineStage], max_norm: float, norm_type: float, error_if_nonfinite: bool,
+          foreach: Any) -> torch.Tensor:
+    entries: List[Tuple[int, int, str, float]] = []  # (stage, parameter, dtype, its gradient's norm)
+    params: List[torch.Tensor] = []
+    for stage in mine:
+        grads = [p.grad for p in stage.submod.parameters() if p.grad is not None]
+        params += list(stage.submod.parameters())
+        groups: Dict[Tuple[torch.device, torch.dtype], List[int]] = {}
+        for k, g in enumerate(grads):
+            groups.setdefault((g.device, g.dtype), []).append(k)
+        for (_, dtype), members in groups.items():
+            norms = _norms([grads[k] for k in members], norm_type, foreach)
+            entries += [(stage.stage_index, k, str(dtype), float(n)) for k, n in zip(members, norms)]
+    gathered: List[Any] = [None] * dist.get_world_size(mine[0].group)
+    dist.all_gather_object(gathered, entries, group=mine[0].group)
+    everything = sorted(e for rank_entries in gathered for e in rank_entries)
+    device = mine[0].device
+    if not everything:
+        return torch.tensor(0.0, device=device)
+    dtypes: Dict[str, List[float]] = {}  # one process's groups: by dtype, in the order they first come
+    for _, _, dtype, value in everything:
+        dtypes.setdefault(dtype, []).append(value)
+    norms = [torch.tensor(v, dtype=getattr(torch, d.split(".")[-1]), device=device)
+             for d, values in dtypes.items() for v in values]
+    total: torch.Tensor = torch.linalg.vector_norm(torch.stack(norms), norm_type)
+    if error_if_nonfinite and bool(torch.logical_or(total.isnan(), total.isinf())):
+        raise RuntimeError(f"clip_grad_norm_: the total norm of order {norm_type} of the pipeline's gradients is "
+                           f"{float(total)}, so it cannot be clipped; to scale them by it anyway, pass "
+                           f"error_if_nonfinite=False")
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total.to(params[0].device) if params else total, foreach)
+    return total
