@@ -21,7 +21,7 @@ from torch.utils._foreach_utils import _device_has_foreach_support, _has_foreach
 
 from .stage import PipelineStage
 
-__all__: List[str] = ["clip_grad_norm_"]
+__all__: List[str] = []
 
 
 def _stages_of(stages: Any) -> List[PipelineStage]:
