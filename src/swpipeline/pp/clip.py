@@ -8,7 +8,9 @@ of them (a float each), puts them in the one-process order (stage by stage, each
 parameters in order, grouped by dtype as one process groups them) and takes the same norm of
 them, so every rank gets the one-process total, bit for bit, and scales its own gradients
 by it. Adding up each rank's share of the squares instead (the usual way) sums in another
-order and differs from one process by an ulp or so.
+order and differs from one process by an ulp or so. A stage sharded with FSDP2 gathers each
+gradient whole to take its norm (one at a time), as one process would see it, and scales its
+own shard.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.utils._foreach_utils import _device_has_foreach_support, _has_foreach_support
 
 from .stage import PipelineStage
@@ -73,7 +76,7 @@ def _clip(mine: List[PipelineStage], max_norm: float, norm_type: float, error_if
     entries: List[Tuple[int, int, str, float]] = []  # (stage, parameter, dtype, its gradient's norm)
     params: List[torch.Tensor] = []
     for stage in mine:
-        grads = [p.grad for p in stage.submod.parameters() if p.grad is not None]
+        grads = [_whole(p.grad) for p in stage.submod.parameters() if p.grad is not None]
         params += list(stage.submod.parameters())
         groups: Dict[Tuple[torch.device, torch.dtype], List[int]] = {}
         for k, g in enumerate(grads):
@@ -97,5 +100,16 @@ def _clip(mine: List[PipelineStage], max_norm: float, norm_type: float, error_if
         raise RuntimeError(f"clip_grad_norm_: the total norm of order {norm_type} of the pipeline's gradients is "
                            f"{float(total)}, so it cannot be clipped; to scale them by it anyway, pass "
                            f"error_if_nonfinite=False")
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total.to(params[0].device) if params else total, foreach)
+    sharded = [p.grad for p in params if isinstance(p.grad, DTensor)]
+    if sharded:  # each rank's shard scaled by the same factor, as one process scales the whole gradient
+        factor = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for grad in sharded:
+            grad.to_local().mul_(factor.to(grad.device))
+    plain = [p for p in params if not isinstance(p.grad, DTensor)]
+    torch.nn.utils.clip_grads_with_norm_(plain, max_norm, total.to(plain[0].device) if plain else total, foreach)
     return total
+
+
+def _whole(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient as one process holds it: a sharded one (FSDP2's) gathered whole."""
+    return grad.full_tensor() if isinstance(grad, DTensor) else grad

@@ -1,4 +1,4 @@
-"""Stages wrapped in ``DistributedDataParallel``: pipeline and data parallelism together.
+"""Stages wrapped in ``DistributedDataParallel`` or sharded with FSDP2: pipeline and data parallelism together.
 
 Each rank of a pipeline may hold its stage as a ``DistributedDataParallel`` module over a
 data-parallel group (the same stage of other pipeline replicas). Its gradients must then be
@@ -14,15 +14,32 @@ forwards come before their backwards). So, as torch.distributed.pipelining does:
 "The last" is the stage's last action in the rank's order that writes the parameters'
 gradients: its last ``B``, or with a split backward its last ``W`` (an ``I`` never does).
 Gradients are divided by ``n_microbatches`` after the step, as without DDP.
+
+A stage sharded with FSDP2 (``fully_shard``, its blocks and itself over a data-parallel mesh)
+is handled as torch's stage handles it, so that the gradients are the same bits::
+
+    every backward                   no gradient sync, no reshard after it: each parameter's
+                                     unsharded gradient adds up over the microbatches
+    after the stage's last backward  every parameter group's post-backward (one reduce-scatter
+                                     of the summed gradient per group), then FSDP's end of backward
+
+and, unlike torch's, its parameters are gathered once per step: from the stage's first forward
+to its last backward they stay gathered (no reshard after a forward), then are resharded, so a
+step all-gathers each parameter group once instead of once per microbatch's forward and
+backward. The gathered parameters of the rank's stages are held for the step, as FSDP holds
+them with ``reshard_after_forward=False``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Iterable, List, Sequence
+from typing import Any, ContextManager, Iterable, Iterator, List, Sequence
 
 import torch
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel
+
+from .actions import BWD_I, Action
 
 __all__: List[str] = []
 
@@ -34,14 +51,69 @@ def forward_sync(module: Any) -> ContextManager[Any]:
     return contextlib.nullcontext()
 
 
+def sharded_modules(modules: Sequence[Any]) -> List[Any]:
+    """The FSDP2 modules in ``modules`` and below them (found once, when the schedule is built)."""
+    return [sub for module in modules for sub in module.modules() if isinstance(sub, FSDPModule)]
+
+
+@contextlib.contextmanager
+def gathered_for_the_step(sharded: Sequence[Any]) -> Iterator[None]:
+    """FSDP2 stages' parameters (``sharded``: their FSDP modules) kept gathered from their first forward of the step
+    to their last backward (the module docstring); resharded when the step ends, however it ends, and the modules'
+    own setting restored."""
+    groups = [(group, group.post_forward_mesh_info) for sub in sharded for group in sub._get_fsdp_state()
+              ._fsdp_param_groups]
+    for group, _ in groups:
+        group.post_forward_mesh_info = None  # FSDP's own reading: no reshard after the forward
+    try:
+        yield
+    finally:
+        for group, info in groups:
+            group.post_forward_mesh_info = info
+        for sub in sharded:
+            sub.reshard()
+
+
 def backward_sync(module: Any, roots: Sequence[Any], last: bool) -> ContextManager[Any]:
     """The context a stage's backward from ``roots`` runs in; ``last``: the stage's last in the step."""
+    if isinstance(module, FSDPModule):
+        return _sharded_backward(module, last)
     if not isinstance(module, DistributedDataParallel):
         return contextlib.nullcontext()
     if not last:
         return module.no_sync()
     module.reducer.prepare_for_backward(_tensors(roots))
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _sharded_backward(module: Any, last: bool) -> Iterator[None]:
+    """An FSDP2 stage's backward: gradients add up unsharded; after the last, each group reduce-scatters once."""
+    module.set_is_last_backward(False)
+    module.set_reshard_after_backward(False)
+    module.set_requires_gradient_sync(False)
+    yield
+    if last:
+        module.set_is_last_backward(True)
+        module.set_reshard_after_backward(True)
+        module.set_requires_gradient_sync(True)
+        state = fully_shard.state(module)  # type: ignore[attr-defined]
+        for each in state._state_ctx.all_states:
+            for group in each._fsdp_param_groups:
+                group.post_backward()
+        state._root_post_backward_final_callback()
+
+
+def refuse_sharded_split(stages: Sequence[Any], actions: Iterable[Action], who: str) -> None:
+    """A stage sharded with FSDP2 cannot split its backward in I and W here (its weights' pass would find the
+    gathered parameters gone): refused before anything runs."""
+    split = {a.stage for a in actions if a.kind is BWD_I}
+    for stage in stages:
+        if stage.stage_index in split and stage.dw_builder is None and \
+                any(isinstance(m, FSDPModule) for m in stage.submod.modules()):
+            raise ValueError(f"{who}: stage {stage.stage_index} is sharded with FSDP2 (fully_shard), and this schedule "
+                             f"splits its backward into I and W, which sharded stages cannot do here yet: use "
+                             f"ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B or ScheduleLoopedBFS")
 
 
 def _tensors(values: Iterable[Any]) -> List[torch.Tensor]:

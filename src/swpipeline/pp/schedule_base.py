@@ -28,6 +28,7 @@ import torch.distributed as dist
 from .actions import BWD, BWD_W, FWD, Action, RankOrders, format_orders, parse_orders
 from .check import aligned_orders, prove
 from .comms import PipelineWork, Skip, derive
+from .data_parallel import gathered_for_the_step, refuse_sharded_split, sharded_modules
 from .compute import StageOps, StepState, check_inputs
 from .microbatch import merge_outputs, split_args_kwargs_into_chunks, split_target
 from .orders import BUILT_IN, placement_of
@@ -84,6 +85,7 @@ class PipelineSchedule:
         self.num_ranks, self.num_stages, self.rank = first.group_size, first.num_stages, first.group_rank
         self._has_first = any(s.is_first for s in self._stages)
         self._has_last = any(s.is_last for s in self._stages)
+        self._sharded = sharded_modules([s.submod for s in self._stages])  # FSDP2's, data_parallel.py
         device = first.device if dist.get_backend(first.group) == "nccl" else torch.device("cpu")
         self._transport = Transport(first.group, self.rank, device, self._timeout)
         self._placement: Placement = LOOP
@@ -100,7 +102,8 @@ class PipelineSchedule:
         self._placement = placement
         self._built.clear()
         self._runners.clear()
-        self._work(self._loss_fn is not None)
+        work = self._work(self._loss_fn is not None)[0]
+        refuse_sharded_split(self._stages, work.ranks[self.rank].compute, type(self).__name__)
 
     def _define(self, order: Mapping[int, Sequence[Any]], compute_only: bool) -> None:
         """A schedule of the user's own: every rank's actions, proved now."""
@@ -262,7 +265,8 @@ class PipelineSchedule:
         scaled = backward and self.scale_grads and n != 1
         earlier = _set_aside_gradients(self._stages) if scaled else []
         try:
-            self._runner(backward).run(state, trace)
+            with gathered_for_the_step(self._sharded):
+                self._runner(backward).run(state, trace)
         except BaseException:
             _add_back(earlier)  # as unscaled as the step left them, plus what was there before
             raise
