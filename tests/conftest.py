@@ -6,10 +6,15 @@ all, the moment it returns. The check runs after every test, in every module.
 
 Tests marked ``slow`` are skipped unless a ``-m`` expression picks the tests to run
 (``python -m pytest -m slow`` runs only them).
+
+A suite started in the background by a shell without job control inherits SIGINT ignored,
+and so would every process its tests start (Python leaves an ignored SIGINT ignored): the
+Ctrl-C tests would find their signal lost. The suite makes it live again, once.
 """
 
 from __future__ import annotations
 
+import signal
 import threading
 from typing import Iterator, List
 
@@ -17,6 +22,10 @@ import pytest
 
 from engine_helpers import MakePipe
 from swpipeline import DataFlowPipeline, SWPipeline
+
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _pipeline_threads() -> list[threading.Thread]:

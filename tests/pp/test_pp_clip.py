@@ -1,6 +1,7 @@
 """swpipeline.pp.clip_grad_norm_: the total norm and the clipped gradients of a pipeline equal one process's
 torch.nn.utils.clip_grad_norm_ over the whole model, bit for bit, on 2 gloo ranks (one stage per rank, and two
-stages per rank), for norms of order 2, 1 and infinity; a non-finite norm is refused on every rank."""
+stages per rank), for norms of order 2, 1 and infinity, and gradients of three dtypes grouped as one process
+groups them; a non-finite norm is refused on every rank."""
 
 from __future__ import annotations
 
@@ -86,3 +87,29 @@ def test_bad_arguments_are_refused() -> None:
         pp.clip_grad_norm_([torch.nn.Linear(2, 2)], 1.0)
     with pytest.raises(TypeError, match="got \\[\\]"):
         pp.clip_grad_norm_([], 1.0)
+
+
+def mixed_dtypes_on_rank(rank: int, world: int) -> Dict[str, Any]:
+    """One rank, one stage whose gradients are of three dtypes, interleaved: grouped by dtype as one process groups
+    them."""
+    import swpipeline.pp as pp
+
+    torch.manual_seed(3)
+    module = torch.nn.Sequential(torch.nn.Linear(5, 5), torch.nn.Linear(5, 5).double(), torch.nn.Linear(5, 3),
+                                 torch.nn.Linear(3, 3).to(torch.bfloat16))
+    for p in module.parameters():
+        p.grad = torch.randn_like(p) * 3
+    reference = copy.deepcopy(module)
+    for p, r in zip(module.parameters(), reference.parameters()):
+        r.grad = p.grad.clone()
+    total = pp.clip_grad_norm_(pp.PipelineStage(module, 0, 1, torch.device("cpu")), 0.5)
+    want = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
+    return {"total": (total, want), "grads": [torch.equal(p.grad, r.grad) for p, r in
+                                              zip(module.parameters(), reference.parameters())]}
+
+
+def test_gradients_of_several_dtypes_are_grouped_as_one_process_groups_them() -> None:
+    (got,) = run_on_ranks(mixed_dtypes_on_rank, 1, timeout=60)
+    total, want = got["total"]
+    assert total.dtype == want.dtype and torch.equal(total, want)
+    assert got["grads"] == [True] * 8

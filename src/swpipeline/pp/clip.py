@@ -26,6 +26,8 @@ from .stage import PipelineStage
 
 __all__: List[str] = []
 
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
 
 def _stages_of(stages: Any) -> List[PipelineStage]:
     """This rank's stages: from a schedule, a stage, or a list of stages."""
@@ -73,7 +75,10 @@ def clip_grad_norm_(stages: Any, max_norm: float, norm_type: float = 2.0, error_
 
 def _clip(mine: List[PipelineStage], max_norm: float, norm_type: float, error_if_nonfinite: bool,
           foreach: Any) -> torch.Tensor:
-    entries: List[Tuple[int, int, str, float]] = []  # (stage, parameter, dtype, its gradient's norm)
+    group, device = mine[0].group, mine[0].device
+    wire = device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    keys: List[Tuple[int, int, int]] = []  # (stage, parameter, dtype's place in _DTYPES), per norm
+    norms: List[torch.Tensor] = []
     params: List[torch.Tensor] = []
     for stage in mine:
         grads = [_whole(p.grad) for p in stage.submod.parameters() if p.grad is not None]
@@ -82,19 +87,32 @@ def _clip(mine: List[PipelineStage], max_norm: float, norm_type: float, error_if
         for k, g in enumerate(grads):
             groups.setdefault((g.device, g.dtype), []).append(k)
         for (_, dtype), members in groups.items():
-            norms = _norms([grads[k] for k in members], norm_type, foreach)
-            entries += [(stage.stage_index, k, str(dtype), float(n)) for k, n in zip(members, norms)]
-    gathered: List[Any] = [None] * dist.get_world_size(mine[0].group)
-    dist.all_gather_object(gathered, entries, group=mine[0].group)
-    everything = sorted(e for rank_entries in gathered for e in rank_entries)
-    device = mine[0].device
-    if not everything:
+            if dtype not in _DTYPES:
+                raise TypeError(f"clip_grad_norm_: stage {stage.stage_index} has a gradient of dtype {dtype}; the "
+                                f"gradients are floating point ({', '.join(map(str, _DTYPES))})")
+            norms += _norms([grads[k] for k in members], norm_type, foreach)
+            keys += [(stage.stage_index, k, _DTYPES.index(dtype)) for k in members]
+    # every rank's rows (stage, parameter, dtype, norm) as float64, which holds each exactly: two gathers
+    rows = torch.zeros(len(keys), 4, dtype=torch.float64, device=wire)
+    if keys:
+        rows[:, :3] = torch.tensor(keys, dtype=torch.float64, device=wire)
+        rows[:, 3] = torch.stack([n.to(wire, torch.float64) for n in norms])
+    size = dist.get_world_size(group)
+    counts = [torch.zeros(1, dtype=torch.int64, device=wire) for _ in range(size)]
+    dist.all_gather(counts, torch.tensor([len(keys)], dtype=torch.int64, device=wire), group=group)
+    longest = max(int(c) for c in counts)
+    if longest == 0:
         return torch.tensor(0.0, device=device)
-    dtypes: Dict[str, List[float]] = {}  # one process's groups: by dtype, in the order they first come
+    padded = torch.zeros(longest, 4, dtype=torch.float64, device=wire)
+    padded[:len(keys)] = rows
+    gathered = [torch.empty_like(padded) for _ in range(size)]
+    dist.all_gather(gathered, padded, group=group)
+    everything = sorted(tuple(row) for g, c in zip(gathered, counts) for row in g[:int(c)].cpu().tolist())
+    by_dtype: Dict[int, List[float]] = {}  # one process's groups: by dtype, in the order they first come
     for _, _, dtype, value in everything:
-        dtypes.setdefault(dtype, []).append(value)
-    norms = [torch.tensor(v, dtype=getattr(torch, d.split(".")[-1]), device=device)
-             for d, values in dtypes.items() for v in values]
+        by_dtype.setdefault(int(dtype), []).append(value)
+    values = [torch.tensor(vs, dtype=torch.float64, device=device).to(_DTYPES[d]) for d, vs in by_dtype.items()]
+    norms = [n for group_values in values for n in group_values.unbind()]
     total: torch.Tensor = torch.linalg.vector_norm(torch.stack(norms), norm_type)
     if error_if_nonfinite and bool(torch.logical_or(total.isnan(), total.isinf())):
         raise RuntimeError(f"clip_grad_norm_: the total norm of order {norm_type} of the pipeline's gradients is "
