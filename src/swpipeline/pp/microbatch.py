@@ -68,8 +68,17 @@ def _is_leaf_spec(spec: Any) -> bool:
 
 def _split(value: Any, spec: Any, n: int, what: str) -> List[Any]:
     """``n`` pieces of ``value`` as ``spec`` says (the module docstring)."""
-    if spec is not None and not _is_leaf_spec(spec):
-        return _split_container(value, spec, n, what)
+    nested = spec is not None and not _is_leaf_spec(spec)  # a spec per element of a tuple, list or dict
+    if nested and not _matches(value, spec):
+        raise ValueError(f"the spec of {what}, {spec!r}, does not match its value's structure ({_shape(value)}): "
+                         f"give one TensorChunkSpec for it, or a tuple, list or dict of them shaped like the value")
+    if isinstance(value, (tuple, list)):
+        parts = [_split(v, spec[k] if nested else spec, n, f"{what}[{k}]") for k, v in enumerate(value)]
+        return [_rebuild(value, [p[m] for p in parts]) for m in range(n)]
+    if isinstance(value, dict):
+        per_key = {key: _split(v, spec.get(key) if nested else spec, n, f"{what}[{key!r}]")
+                   for key, v in value.items()}
+        return [type(value)((key, v[m]) for key, v in per_key.items()) for m in range(n)]
     if isinstance(value, torch.Tensor):
         if spec is _Replicate or isinstance(spec, _Replicate):
             return [value] * n
@@ -81,12 +90,6 @@ def _split(value: Any, spec: Any, n: int, what: str) -> List[Any]:
             raise ValueError(f"{what} has {value.size(dim)} rows along dimension {dim}, too few to split into "
                              f"{n} microbatches; give at least {n} or use fewer microbatches")
         return list(torch.tensor_split(value, n, dim=dim))
-    if isinstance(value, (tuple, list)):
-        parts = [_split(v, spec, n, f"{what}[{k}]") for k, v in enumerate(value)]
-        return [_rebuild(value, [p[m] for p in parts]) for m in range(n)]
-    if isinstance(value, dict):
-        per_key = {key: _split(v, spec, n, f"{what}[{key!r}]") for key, v in value.items()}
-        return [type(value)((key, v[m]) for key, v in per_key.items()) for m in range(n)]
     if type(value).__name__ == "BlockMask" and getattr(value, "kv_num_blocks", None) is not None \
             and value.kv_num_blocks.size(0) != 1:
         raise ValueError(f"{what} is a BlockMask of a batch of {value.kv_num_blocks.size(0)}; it is not split "
@@ -94,16 +97,11 @@ def _split(value: Any, spec: Any, n: int, what: str) -> List[Any]:
     return [value] * n
 
 
-def _split_container(value: Any, spec: Any, n: int, what: str) -> List[Any]:
-    """A tuple, list or dict split element by element, as the spec of the same shape says."""
-    if isinstance(spec, (tuple, list)) and isinstance(value, (tuple, list)) and len(spec) == len(value):
-        parts = [_split(v, s, n, f"{what}[{k}]") for k, (v, s) in enumerate(zip(value, spec))]
-        return [_rebuild(value, [p[m] for p in parts]) for m in range(n)]
-    if isinstance(spec, Mapping) and isinstance(value, dict) and set(spec) <= set(value):
-        per_key = {key: _split(v, spec.get(key), n, f"{what}[{key!r}]") for key, v in value.items()}
-        return [type(value)((key, v[m]) for key, v in per_key.items()) for m in range(n)]
-    raise ValueError(f"the spec of {what}, {spec!r}, does not match its value's structure ({_shape(value)}): give "
-                     f"one TensorChunkSpec for it, or a tuple, list or dict of them shaped like the value")
+def _matches(value: Any, spec: Any) -> bool:
+    """Whether a spec of a tuple, list or dict has the value's shape (a dict's may leave keys out)."""
+    if isinstance(spec, (tuple, list)):
+        return isinstance(value, (tuple, list)) and len(spec) == len(value)
+    return isinstance(spec, Mapping) and isinstance(value, dict) and set(spec) <= set(value)
 
 
 def _shape(value: Any) -> str:
