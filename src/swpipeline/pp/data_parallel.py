@@ -109,8 +109,7 @@ def refuse_sharded_split(stages: Sequence[Any], actions: Iterable[Action], who: 
     gathered parameters gone): refused before anything runs."""
     split = {a.stage for a in actions if a.kind is BWD_I}
     for stage in stages:
-        if stage.stage_index in split and stage.dw_builder is None and \
-                any(isinstance(m, FSDPModule) for m in stage.submod.modules()):
+        if stage.stage_index in split and stage.dw_builder is None and sharded_modules([stage.submod]):
             raise ValueError(f"{who}: stage {stage.stage_index} is sharded with FSDP2 (fully_shard), and this schedule "
                              f"splits its backward into I and W, which sharded stages cannot do here yet: use "
                              f"ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B or ScheduleLoopedBFS")

@@ -251,16 +251,13 @@ class PipelineSchedule:
             arg_mbs, kwarg_mbs = split_args_kwargs_into_chunks(args if self._has_first else (), kwargs, n,
                                                                self._args_spec if self._has_first else None,
                                                                self._kwargs_spec)
+            targets = split_target(target, n) if self._has_last else None
         except ValueError as exc:
             raise ValueError(f"step(): {exc}") from None
         first = self._stages[0]
         if first.is_first and first.expected_inputs is not None:  # refused here, before any rank hears of the step
             for m, mb in enumerate(arg_mbs):
                 check_inputs(first.expected_inputs, mb, 0, m, None)
-        try:
-            targets = split_target(target, n) if self._has_last else None
-        except ValueError as exc:
-            raise ValueError(f"step(): {exc}") from None
         state = StepState(arg_mbs, kwarg_mbs, targets)
         scaled = backward and self.scale_grads and n != 1
         earlier = _set_aside_gradients(self._stages) if scaled else []
