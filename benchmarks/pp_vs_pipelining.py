@@ -1,8 +1,10 @@
 """Pipeline parallelism across ranks: swpipeline.pp next to torch.distributed.pipelining, in one run.
 
 What is measured
-    ``--ranks`` gloo ranks on this machine (127.0.0.1), each with one intra-op thread. Two
-    models, each split into equal stages: ``mlp``, ``--blocks`` blocks of Linear(width) + ReLU
+    ``--ranks`` gloo ranks on this machine (127.0.0.1), each with one intra-op thread. Three
+    models, each split into equal stages: ``tiny``, 8 blocks of Linear(64) + ReLU on a batch of 32
+    (4 rows per microbatch, so what each action costs the library shows); ``mlp``, ``--blocks``
+    blocks of Linear(width) + ReLU
     (default 8 x Linear(512), a batch of 64), and ``transformer``, 4 encoder layers (d_model
     128, 4 heads, feed-forward 512, no dropout) on a batch of 64 sequences of 16. One *step*
     is ``schedule.step(...)`` on every rank with ``--microbatches`` microbatches and an MSE
@@ -18,6 +20,9 @@ Columns (median over ``--rounds`` rounds of ``--steps`` timed steps, after 3 war
     ``bubble``: ``1 - T_single / (ranks * T_step)``, the share of the ranks' time not spent on
     the model's own work, ``T_single`` being the same model's forward and backward of the same
     microbatches in one process with one thread (communication and overheads count as bubble);
+    ``µs/action``: the ranks' time not spent on the model's own work, per compute action,
+    ``(p * T_step - T_single) / actions`` (every rank's F, B, I and W of a step): what each action
+    costs the library in hand-offs, messages and waiting, bubble included;
     ``ideal``: the bubble of a perfect pipeline, ``(p - 1) / (m + p - 1)``;
     ``peak act. MB``: per rank, the most bytes of tensors that autograd held for backward at
     once during one step (counted through ``saved_tensors_hooks``, each storage once): the
@@ -71,6 +76,11 @@ def mlp_blocks(args: argparse.Namespace) -> List[nn.Module]:
     return [nn.Sequential(nn.Linear(args.width, args.width), nn.ReLU()) for _ in range(args.blocks)]
 
 
+def tiny_blocks(args: argparse.Namespace) -> List[nn.Module]:
+    torch.manual_seed(0)
+    return [nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(8)]
+
+
 def transformer_blocks(args: argparse.Namespace) -> List[nn.Module]:
     torch.manual_seed(0)
     return [nn.TransformerEncoderLayer(128, 4, dim_feedforward=512, dropout=0.0, batch_first=True) for _ in range(4)]
@@ -79,6 +89,7 @@ def transformer_blocks(args: argparse.Namespace) -> List[nn.Module]:
 Blocks = Callable[[argparse.Namespace], List[nn.Module]]
 Shape = Callable[[argparse.Namespace], Tuple[int, ...]]
 MODELS: Dict[str, Tuple[Blocks, Shape]] = {
+    "tiny": (tiny_blocks, lambda a: (32, 64)),
     "mlp": (mlp_blocks, lambda a: (a.batch, a.width)),
     "transformer": (transformer_blocks, lambda a: (a.batch, 16, 128)),
 }
@@ -252,7 +263,10 @@ def measure_model(model: str, rank: int, world: int, args: argparse.Namespace) -
         if measured:
             predict()
     simulated = {v: statistics.median(values) for v, values in predicted.items()}
-    return {"model": model, "single": single, "times": times, "peak": peak, "exact": exact, "simulated": simulated}
+    actions = {name: sum(a is not None for row in built[(name, "swpipeline")][0].pipeline_order.values() for a in row)
+               for name in args.schedules}  # every rank's compute actions in a step
+    return {"model": model, "single": single, "times": times, "peak": peak, "exact": exact, "simulated": simulated,
+            "actions": actions}
 
 
 def _exact(modules: Dict[int, nn.Module], blocks: List[nn.Module], ref: List[torch.Tensor], num_params: int,
@@ -286,12 +300,14 @@ def table(result: Dict[str, Any], args: argparse.Namespace) -> str:
         bubble = 1 - result["single"] / (p * median)
         sim = result["simulated"].get((name, lib))
         sim_text = f"{sim:.1f} ({sim / median - 1:+.0%})" if sim is not None else ""
+        other = (p * median - result["single"]) / result["actions"][name] * 1e3  # µs per action, not the model's
         rows.append([name.replace("Schedule", ""), lib, f"{median:.1f}", f"{min(runs):.1f}", f"{bubble:.0%}",
+                     f"{other:.0f}",
                      f"{(p - 1) / (m + p - 1):.0%}", " / ".join(f"{v:.2f}" for v in result["peak"][(name, lib)]),
                      f"{theirs / median:.2f}", "yes" if result["exact"][(name, lib)] else "NO", sim_text])
     head = (f"{result['model']}: {p} gloo ranks, {m} microbatches; one process, one thread: "
             f"{result['single']:.1f} ms/step")
-    return head + "\n" + format_table(["schedule", "library", "ms/step", "min", "bubble", "ideal",
+    return head + "\n" + format_table(["schedule", "library", "ms/step", "min", "bubble", "µs/action", "ideal",
                                        "peak act. MB per rank", "vs torch", "exact", "simulated"], rows, left=2)
 
 
@@ -304,7 +320,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=8)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--models", nargs="+", default=["mlp", "transformer"], choices=sorted(MODELS))
+    parser.add_argument("--models", nargs="+", default=["tiny", "mlp", "transformer"], choices=sorted(MODELS))
     parser.add_argument("--schedules", nargs="+", default=DEFAULT_SCHEDULES, choices=list(SCHEDULES))
     args = parser.parse_args()
     print(machine_line())

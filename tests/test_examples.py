@@ -1,6 +1,6 @@
 """The scripts in examples/ run and check what they claim; the README's example runs as printed.
 
-Each script runs in a fresh interpreter (torchrec_two_ranks.py and pipeline_parallel.py on 2 ranks
+Each script runs in a fresh interpreter (torchrec_two_ranks.py, pipeline_parallel.py and pp_gpt.py on 2 ranks
 through torch.distributed.run), bounded in time; a script that does not finish is killed with
 every process it started. Every examples/*.py must be listed here, so none goes unrun.
 """
@@ -32,7 +32,8 @@ SINGLE_PROCESS = {
 }
 WRITES_A_FIGURE = {"staleness_loss.py"}  # run with --out in a temporary folder, not over the docs' copy
 TWO_RANKS = {"torchrec_two_ranks.py": "losses bitwise equal to TorchRec's: yes",
-             "pipeline_parallel.py": "bitwise equal to torch.distributed.pipelining's: yes"}
+             "pipeline_parallel.py": "bitwise equal to torch.distributed.pipelining's: yes",
+             "pp_gpt.py": "(tied copy included) bitwise equal to one process: yes"}
 NEEDS = {"torchrec_two_ranks.py": "torchrec"}  # an optional package a script imports
 TIMEOUT_S = 120.0
 TWO_RANKS_TIMEOUT_S = 150.0  # two interpreters importing TorchRec on a 2-core machine

@@ -16,7 +16,7 @@ EXPORTED = {
     "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble", "ScheduleLoopedBFS", "ScheduleMismatchError",
     "ScheduleZBVZeroBubble",
     "ScheduleDualPipeV", "StageCosts", "autoplan",
-    "simulate", "clip_grad_norm_",
+    "simulate", "clip_grad_norm_", "TiedWeight",
 }
 
 

@@ -11,6 +11,7 @@ the harness gives the ranks 60: a wait for the timeout would fail the test.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Dict, List
 
 import pytest
@@ -37,8 +38,19 @@ SAID = {
 }
 
 
-def mismatched_on_rank(rank: int, world: int, case: str) -> Dict[str, Any]:
+def mismatched_on_rank(rank: int, world: int, case: str, late_hello: bool = False) -> Dict[str, Any]:
     import swpipeline.pp as pp
+
+    if late_hello:  # the peer's HELLO is read 0.3 s late: its data is there first, and must wait for the check
+        from swpipeline.pp import transport
+
+        def slow_marker(self: Any, peer: int, index: int, status: int, _original: Any = transport.Transport.recv_marker
+                        ) -> None:
+            if index == 0:
+                time.sleep(0.3)
+            _original(self, peer, index, status)
+
+        transport.Transport.recv_marker = slow_marker  # type: ignore[method-assign]
 
     mine = CASES[case][rank]
     stage = pp.PipelineStage(stage_module(make_model(), rank, world), rank, world, torch.device("cpu"))
@@ -55,9 +67,10 @@ def mismatched_on_rank(rank: int, world: int, case: str) -> Dict[str, Any]:
     return {"type": None, "text": ""}
 
 
+@pytest.mark.parametrize("late_hello", [False, True], ids=["", "HELLO read late"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_ranks_that_run_different_schedules_fail_at_once_naming_both(case: str) -> None:
-    results = run_on_ranks(mismatched_on_rank, 2, timeout=60, case=case)
+def test_ranks_that_run_different_schedules_fail_at_once_naming_both(case: str, late_hello: bool) -> None:
+    results = run_on_ranks(mismatched_on_rank, 2, timeout=60, case=case, late_hello=late_hello)
     zero, one = SAID[case]
     for rank, got in enumerate(results):
         assert got["type"] in ("ScheduleMismatchError", "PipelineRankError"), got

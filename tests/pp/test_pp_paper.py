@@ -344,3 +344,16 @@ def test_the_verdict_is_the_engine_s_paper_run_of_every_rank_s_plan(monkeypatch:
     # a HELLO and a DONE each way on each
     assert ((1, "1RECV_F0", 0), (0, "0SEND_F0", 0)) in kwargs["cross"] and "together" not in kwargs
     assert len(kwargs["cross"]) == 2 * 2 * 2 + 2 * 2 * 2
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_the_first_receive_from_each_peer_waits_for_that_peer_s_hello_and_no_other_does(ranks: int) -> None:
+    """A peer's data is used only once its HELLO said it runs the same schedule as this rank."""
+    for rank, groups in _units(orders.one_f_one_b(ranks, 4), ranks, ranks, 4).items():
+        recvs = [u for u in groups[units.COMPUTE] if u.role == "recv"]
+        firsts = {}
+        for unit in recvs:
+            firsts.setdefault(unit.peer, unit.name)
+        assert {u.name: u.deps for u in recvs if u.deps} == {
+            name: (units.hello_name(peer, rank),) for peer, name in firsts.items()}
+        assert sorted(firsts) == [p for p in (rank - 1, rank + 1) if 0 <= p < ranks]

@@ -45,6 +45,7 @@ from .schedules import ScheduleInterleavedZeroBubble as ScheduleInterleavedZeroB
 from .schedules import ScheduleLoopedBFS as ScheduleLoopedBFS
 from .schedules import ScheduleZBVZeroBubble as ScheduleZBVZeroBubble
 from .stage import PipelineStage as PipelineStage
+from .ties import TiedWeight as TiedWeight
 from .tracer import Pipe as Pipe
 from .tracer import SplitPoint as SplitPoint
 from .tracer import build_stage as build_stage
@@ -73,6 +74,7 @@ __all__: List[str] = [
     "ScheduleZBVZeroBubble",
     "SplitPoint",
     "StageCosts",
+    "TiedWeight",
     "autoplan",
     "build_stage",
     "clip_grad_norm_",

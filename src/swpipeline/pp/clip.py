@@ -15,7 +15,7 @@ own shard.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Set, Tuple
 
 import torch
 import torch.distributed as dist
@@ -59,7 +59,9 @@ def clip_grad_norm_(stages: Any, max_norm: float, norm_type: float = 2.0, error_
     model's; call it on every rank of the pipeline, after ``step()``.
 
     Args:
-        stages: this rank's schedule, its ``PipelineStage``, or a list of its stages.
+        stages: this rank's schedule, its ``PipelineStage``, or a list of its stages. Where weights are tied
+            across stages (``tied_weights=``), give the schedule: each tied weight then counts once, in the
+            first stage that uses it, as one process counts a shared parameter once.
         max_norm, norm_type, error_if_nonfinite, foreach: as ``torch.nn.utils.clip_grad_norm_``'s.
 
     Returns:
@@ -69,19 +71,21 @@ def clip_grad_norm_(stages: Any, max_norm: float, norm_type: float = 2.0, error_
     Raises:
         RuntimeError: the total norm is NaN or infinite and ``error_if_nonfinite`` (on every rank alike).
     """
+    ties = getattr(stages, "_ties", None)  # a schedule's tied weights: each counted once, in its first stage
     with torch.no_grad():
-        return _clip(_stages_of(stages), max_norm, float(norm_type), error_if_nonfinite, foreach)
+        return _clip(_stages_of(stages), max_norm, float(norm_type), error_if_nonfinite, foreach,
+                     ties.repeats() if ties is not None else set())
 
 
 def _clip(mine: List[PipelineStage], max_norm: float, norm_type: float, error_if_nonfinite: bool,
-          foreach: Any) -> torch.Tensor:
+          foreach: Any, repeats: Set[int]) -> torch.Tensor:
     group, device = mine[0].group, mine[0].device
     wire = device if dist.get_backend(group) == "nccl" else torch.device("cpu")
     keys: List[Tuple[int, int, int]] = []  # (stage, parameter, dtype's place in _DTYPES), per norm
     norms: List[torch.Tensor] = []
     params: List[torch.Tensor] = []
     for stage in mine:
-        grads = [_whole(p.grad) for p in stage.submod.parameters() if p.grad is not None]
+        grads = [_whole(p.grad) for p in stage.submod.parameters() if p.grad is not None and id(p) not in repeats]
         params += list(stage.submod.parameters())
         groups: Dict[Tuple[torch.device, torch.dtype], List[int]] = {}
         for k, g in enumerate(grads):

@@ -21,6 +21,7 @@ process, summed microbatch after microbatch in the same order: the same bits.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -31,6 +32,7 @@ from .backward import inputs_grad, weights_grad
 from .data_parallel import backward_sync, forward_sync
 from .microbatch import as_tuple
 from .stage import PipelineStage
+from .ties import Shares, Ties
 
 __all__: List[str] = []
 
@@ -62,6 +64,7 @@ class StepState:
     weight_pending: Dict[Tuple[int, int], Tuple[Values, Values]] = field(default_factory=dict)  # after I, for W
     weight_runners: Dict[Tuple[int, int], Callable[[], Any]] = field(default_factory=dict)  # dw_builder()'s, for W
     losses: Dict[int, torch.Tensor] = field(default_factory=dict)
+    tied: Shares = field(default_factory=dict)  # each use's share of a tied weight's gradient (ties.py)
     results: Dict[int, Any] = field(default_factory=dict)  # the last stage's raw outputs
 
 
@@ -70,7 +73,8 @@ class StageOps:
 
     def __init__(self, stages: Sequence[PipelineStage], loss_fn: Optional[Callable[..., torch.Tensor]],
                  sources: Dict[int, List[int]], consumers: Dict[int, List[int]], backward: bool,
-                 last_backward: Optional[Dict[int, Action]] = None) -> None:
+                 last_backward: Optional[Dict[int, Action]] = None, ties: Optional[Ties] = None) -> None:
+        self.ties = ties  # weights tied across stages: each backward's share of their gradients kept
         self.stages = {stage.stage_index: stage for stage in stages}
         self.last_backward = last_backward or {}  # stage -> its last B or W of the step (data_parallel.py)
         self.loss_fn = loss_fn
@@ -167,13 +171,15 @@ class StageOps:
         saved = state.saved.pop((s, m))
         roots, grads = self._roots(s, m, saved.outputs, state)
         if roots:
-            with backward_sync(self.stages[s].submod, roots, self.last_backward.get(s) == (last or Action(s, BWD, m))):
+            is_last = self.last_backward.get(s) == (last or Action(s, BWD, m))
+            with backward_sync(self.stages[s].submod, roots, is_last), self._capture(s, m, state):
                 torch.autograd.backward(roots, grad_tensors=grads)
         if not self.stages[s].is_first:
             self._send_input_grads(s, m, saved, [self._take_grad(v) for v in saved.inputs], state)
         builder = self.stages[s].dw_builder
         if builder is not None and last is None:
-            builder()()
+            with self._capture(s, m, state):
+                builder()()
 
     def input_backward(self, s: int, m: int, state: StepState) -> None:
         builder = self.stages[s].dw_builder
@@ -196,13 +202,19 @@ class StageOps:
     def weight_backward(self, s: int, m: int, state: StepState) -> None:
         runner = state.weight_runners.pop((s, m), None)
         if runner is not None:
-            runner()
+            with self._capture(s, m, state):
+                runner()
             return
         roots, grads = state.weight_pending.pop((s, m))
         params = [p for p in self.stages[s].submod.parameters() if p.requires_grad]
         if roots and params:
-            with backward_sync(self.stages[s].submod, roots, self.last_backward.get(s) == Action(s, BWD_W, m)):
+            with backward_sync(self.stages[s].submod, roots, self.last_backward.get(s) == Action(s, BWD_W, m)), \
+                    self._capture(s, m, state):
                 weights_grad((roots, grads), params)
+
+    def _capture(self, s: int, m: int, state: StepState) -> Any:
+        """The context of a backward that writes stage ``s``'s parameters' gradients (tied weights: ties.py)."""
+        return self.ties.capture(s, m, state.tied) if self.ties is not None else contextlib.nullcontext()
 
     @staticmethod
     def _take_grad(value: Any) -> Optional[torch.Tensor]:

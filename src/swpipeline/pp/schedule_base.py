@@ -16,6 +16,7 @@ the whole gradient at every step, earlier steps' shares again)::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -36,6 +37,7 @@ from .placement import LOOP, V, Placement, of_orders, rule, stages_of
 from .planner import StageCosts, costs_from_timelines, simulate_orders
 from .runner import RankRunner
 from .stage import PipelineStage
+from .ties import TiedWeight, Ties
 from .transport import Config, Transport
 from .units import COMPUTE, RankUnits, units_of_rank
 
@@ -66,7 +68,7 @@ class PipelineSchedule:
 
     def __init__(self, stages: Sequence[PipelineStage], n_microbatches: int, loss_fn: Optional[Callable[..., Any]],
                  scale_grads: bool, *, timeout: float = DEFAULT_TIMEOUT_S, skips: Sequence[Skip] = (),
-                 specs: Tuple[Any, Any, Any] = (None, None, None)) -> None:
+                 specs: Tuple[Any, Any, Any] = (None, None, None), tied_weights: Sequence[TiedWeight] = ()) -> None:
         self._stages = _check_stages(stages, type(self).__name__)
         if isinstance(n_microbatches, bool) or not isinstance(n_microbatches, int) or n_microbatches < 1:
             raise ValueError(f"{type(self).__name__}: n_microbatches must be an int >= 1, got {n_microbatches!r}")
@@ -89,6 +91,8 @@ class PipelineSchedule:
         device = first.device if dist.get_backend(first.group) == "nccl" else torch.device("cpu")
         self._transport = Transport(first.group, self.rank, device, self._timeout)
         self._placement: Placement = LOOP
+        self._tied_weights = tied_weights
+        self._ties = Ties(tied_weights, self._stages, LOOP, self._timeout, type(self).__name__, resolve=False)
         self._built: Dict[bool, Tuple[PipelineWork, Dict[int, RankUnits]]] = {}
         self._runners: Dict[bool, RankRunner] = {}
         if self._given is not None or self._built_in:
@@ -100,6 +104,7 @@ class PipelineSchedule:
                                 else of_orders(self._given, self.num_ranks, self.num_stages))
         _check_placement(self._stages, type(self).__name__, placement)
         self._placement = placement
+        self._ties = Ties(self._tied_weights, self._stages, placement, self._timeout, type(self).__name__)
         self._built.clear()
         self._runners.clear()
         work = self._work(self._loss_fn is not None)[0]
@@ -261,17 +266,17 @@ class PipelineSchedule:
         state = StepState(arg_mbs, kwarg_mbs, targets)
         scaled = backward and self.scale_grads and n != 1
         earlier = _set_aside_gradients(self._stages) if scaled else []
+        ties = self._ties.step(n, state.tied) if backward and self._ties.mine else contextlib.nullcontext()
         try:
-            with gathered_for_the_step(self._sharded):
+            with gathered_for_the_step(self._sharded), ties:
                 self._runner(backward).run(state, trace)
         except BaseException:
             _add_back(earlier)  # as unscaled as the step left them, plus what was there before
             raise
         if scaled:
-            for stage in self._stages:
-                for param in stage.submod.parameters():
-                    if param.grad is not None:
-                        param.grad.div_(n)
+            for param in _parameters(self._stages):
+                if param.grad is not None:
+                    param.grad.div_(n)
             _add_back(earlier)
         if self._has_last and losses is not None and state.losses:
             losses.clear()
@@ -285,11 +290,12 @@ class PipelineSchedule:
         rank's actions), and its description."""
         work = self._work(backward)[0]
         agreed = (type(self).__name__, self._n_microbatches, self.num_stages, self.num_ranks, self._placement,
-                  self._skips, self.scale_grads, backward, sorted((r, [str(a) for a in w.compute])
-                                                                  for r, w in work.ranks.items()))
+                  self._skips, self.scale_grads, backward, self._ties.description(),
+                  sorted((r, [str(a) for a in w.compute]) for r, w in work.ranks.items()))
         fingerprint = int.from_bytes(hashlib.blake2b(repr(agreed).encode(), digest_size=7).digest(), "big") or 1
         extras = [_placed(self._placement), f"skips {list(self._skips)}" if self._skips
-                  else "", "scale_grads=False" if not self.scale_grads else "", "step()" if backward else "eval()"]
+                  else "", f"tied weights {self._ties.description()}" if self._ties.ties else "",
+                  "scale_grads=False" if not self.scale_grads else "", "step()" if backward else "eval()"]
         text = (f"{type(self).__name__} with {self._n_microbatches} microbatches over {self.num_stages} stages"
                 + "".join(f", {e}" for e in extras if e))
         return Config(fingerprint, text)
@@ -304,7 +310,8 @@ class PipelineSchedule:
             for action in work.ranks[self.rank].compute:
                 if action.kind in (BWD, BWD_W):
                     last[action.stage] = action
-            ops = StageOps(self._stages, self._loss_fn, sources, consumers, backward, last)
+            ops = StageOps(self._stages, self._loss_fn, sources, consumers, backward, last,
+                           self._ties if self._ties.exact_of_stage else None)
             self._runners[backward] = RankRunner(work, units[self.rank], self.rank, ops, self._transport,
                                                  self._stages[0].device, self._timeout, self._config(backward))
         return self._runners[backward]
@@ -315,12 +322,16 @@ def _set_aside_gradients(stages: Sequence[PipelineStage]) -> List[Tuple[torch.Te
     itself zeroed in place (so that this step sums its microbatches from zero, as one process does, and a view
     into it, a DDP bucket's, stays one). Scaling then divides only this step's share."""
     earlier = []
-    for stage in stages:
-        for param in stage.submod.parameters():
-            if param.grad is not None:
-                earlier.append((param.grad, param.grad.clone()))
-                param.grad.zero_()
+    for param in _parameters(stages):
+        if param.grad is not None:
+            earlier.append((param.grad, param.grad.clone()))
+            param.grad.zero_()
     return earlier
+
+
+def _parameters(stages: Sequence[PipelineStage]) -> List[torch.nn.Parameter]:
+    """The stages' parameters, each once (a tied weight may be one Parameter in two stages of a rank)."""
+    return list({id(p): p for stage in stages for p in stage.submod.parameters()}.values())
 
 
 def _add_back(earlier: List[Tuple[torch.Tensor, torch.Tensor]]) -> None:

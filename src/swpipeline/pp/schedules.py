@@ -15,7 +15,8 @@ Every schedule also takes, keyword only, ``timeout=`` (seconds to wait for a ran
 its step before failing, naming it; twice that for a later message; default 300) and
 ``skips=`` (skip connections: ``(from stage, to stage)`` pairs at least two stages apart; the
 later stage's forward takes the previous stage's output, then each skip source's, in stage
-order).
+order), and ``tied_weights=`` (weights that several stages use, each holding a copy: a list of
+``TiedWeight``; every copy gets the one-process gradient, see ``ties.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .actions import ActionLike, parse_orders
 from .comms import Skip
 from .schedule_base import DEFAULT_TIMEOUT_S, PipelineSchedule
 from .stage import PipelineStage
+from .ties import TiedWeight
 
 __all__: List[str] = []
 
@@ -48,7 +50,8 @@ class PipelineScheduleSingle(PipelineSchedule):
 
     def __init__(self, stage: PipelineStage, n_microbatches: int, loss_fn: LossFn = None,
                  args_chunk_spec: Any = None, kwargs_chunk_spec: Any = None, output_merge_spec: Any = None,
-                 scale_grads: bool = True, *, timeout: float = DEFAULT_TIMEOUT_S, skips: Iterable[Skip] = ()) -> None:
+                 scale_grads: bool = True, *, timeout: float = DEFAULT_TIMEOUT_S, skips: Iterable[Skip] = (),
+                 tied_weights: Sequence[TiedWeight] = ()) -> None:
         who = type(self).__name__
         _check_specs(who, args_chunk_spec, kwargs_chunk_spec)
         if not isinstance(stage, PipelineStage):
@@ -58,7 +61,7 @@ class PipelineScheduleSingle(PipelineSchedule):
                              f"{stage.group_size} ranks: use ScheduleInterleaved1F1B for several stages per rank")
         super().__init__([stage], n_microbatches, loss_fn, scale_grads, timeout=timeout,
                          skips=_check_skips(who, skips, [stage]),
-                         specs=(args_chunk_spec, kwargs_chunk_spec, output_merge_spec))
+                         specs=(args_chunk_spec, kwargs_chunk_spec, output_merge_spec), tied_weights=tied_weights)
 
 
 class ScheduleGPipe(PipelineScheduleSingle):
@@ -96,7 +99,8 @@ class PipelineScheduleMulti(PipelineSchedule):
     def __init__(self, stages: Sequence[PipelineStage], n_microbatches: int, loss_fn: LossFn = None,
                  args_chunk_spec: Any = None, kwargs_chunk_spec: Any = None, output_merge_spec: Any = None,
                  scale_grads: bool = True, backward_requires_autograd: bool = True, defer_pp_recv: bool = False, *,
-                 timeout: float = DEFAULT_TIMEOUT_S, skips: Iterable[Skip] = ()) -> None:
+                 timeout: float = DEFAULT_TIMEOUT_S, skips: Iterable[Skip] = (),
+                 tied_weights: Sequence[TiedWeight] = ()) -> None:
         who = type(self).__name__
         _check_specs(who, args_chunk_spec, kwargs_chunk_spec)
         if isinstance(stages, PipelineStage):
@@ -106,7 +110,7 @@ class PipelineScheduleMulti(PipelineSchedule):
             _check_fit(who, self._built_in, stages[0], n_microbatches)
         super().__init__(stages, n_microbatches, loss_fn, scale_grads, timeout=timeout,
                          skips=_check_skips(who, skips, stages),
-                         specs=(args_chunk_spec, kwargs_chunk_spec, output_merge_spec))
+                         specs=(args_chunk_spec, kwargs_chunk_spec, output_merge_spec), tied_weights=tied_weights)
 
 
 class ScheduleInterleaved1F1B(PipelineScheduleMulti):
@@ -193,9 +197,11 @@ class ScheduleFromActions(PipelineScheduleMulti):
 
     def __init__(self, stages: Sequence[PipelineStage], n_microbatches: int,
                  actions: Mapping[int, Union[str, Sequence[Optional[ActionLike]]]], loss_fn: LossFn = None,
-                 scale_grads: bool = True, *, timeout: float = DEFAULT_TIMEOUT_S, skips: Iterable[Skip] = ()) -> None:
+                 scale_grads: bool = True, *, timeout: float = DEFAULT_TIMEOUT_S, skips: Iterable[Skip] = (),
+                 tied_weights: Sequence[TiedWeight] = ()) -> None:
         self._given = parse_orders(actions)
-        super().__init__(stages, n_microbatches, loss_fn, scale_grads=scale_grads, timeout=timeout, skips=skips)
+        super().__init__(stages, n_microbatches, loss_fn, scale_grads=scale_grads, timeout=timeout, skips=skips,
+                         tied_weights=tied_weights)
 
 
 def _check_fit(who: str, built_in: str, first: PipelineStage, n_microbatches: Any) -> None:

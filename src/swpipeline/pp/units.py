@@ -19,7 +19,9 @@ its input (or, where the previous stage is on this rank, for that stage's forwar
 backward for its forward and the receive of its output's gradient, ``W`` for its ``I``, a
 send for the action that made its value. Each rank's first message on a channel is a
 ``HELLO``, sent as its step starts and taken by a thread of its own: a rank that never
-starts its step is found out whatever the compute is doing. Its last is a ``DONE``, sent once
+starts its step is found out whatever the compute is doing; the first receive from a peer
+waits for that thread to have compared the peer's HELLO with what this rank runs, so nothing
+a peer running another schedule sent is ever used. Its last is a ``DONE``, sent once
 the rank's whole step is done (every unit but its own DONE receives): a rank whose step returns
 knows that each rank it talks to finished too. A rank that fails sends its error in place
 of the next message instead (``transport.py``).
@@ -109,6 +111,11 @@ def units_of_rank(work: PipelineWork, rank: int) -> RankUnits:
         compute += sorted(recvs.get(action, []), key=lambda u: (u.peer, u.channel))
         compute.append(Unit(str(action), COMPUTE, COMPUTE, _compute_deps(action, received, local), action=action))
         compute += sorted(sends.get(str(action), []), key=lambda u: (u.peer, u.channel))
+    unchecked = set(mine.peers)  # the first receive from a peer waits for its HELLO: nothing it sent is used before
+    for i, unit in enumerate(compute):  # what it runs is compared with what this rank runs
+        if unit.role == "recv" and unit.peer in unchecked:
+            unchecked.discard(unit.peer)
+            compute[i] = unit._replace(deps=(hello_name(unit.peer, rank),))
     groups: RankUnits = {COMPUTE: compute}
     for peer in mine.peers:
         group = peer_group(peer)
