@@ -154,8 +154,8 @@ def main() -> None:
                          yes_no(bool((results[0][(vocab, way, "weight")] == results[1][(vocab, way, "weight")]).all())),
                          " / ".join(f"{results[r][(vocab, way, 'sent')]:.3f}" for r in (0, 1))])
     print(machine_line())
-    print(format_table(["tied weight", "declared", "ms/step", "gradient = one process", f"copies equal after {STEPS * ROUNDS} steps",
-                        "MB sent per step, rank 0 / 1"], rows, left=2))
+    print(format_table(["tied weight", "declared", "ms/step", "gradient = one process",
+                        f"copies equal after {STEPS * ROUNDS} steps", "MB sent per step, rank 0 / 1"], rows, left=2))
 
 
 if __name__ == "__main__":
