@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmark scripts: summary statistics and plain-text tables.
+"""Helpers shared by the benchmark scripts: summary statistics, plain-text tables, two gloo ranks.
 
 Not part of the package; the scripts import it as ``_common`` (they run as
 ``python benchmarks/<name>.py``, which puts this folder on ``sys.path``).
@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 import statistics
 import time
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -71,3 +72,22 @@ def machine_line() -> str:
 
 def yes_no(ok: bool) -> str:
     return "yes" if ok else "NO"
+
+
+def on_two_ranks(rank_main: Callable[..., None], arg: Any, timeout: float) -> Dict[int, Any]:
+    """Run ``rank_main(rank, 2, port, arg, out)`` on two spawned processes (gloo on 127.0.0.1, a free port); each
+    puts ``(rank, result)`` on ``out``. Returns ``{rank: result}``."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=rank_main, args=(r, 2, port, arg, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=timeout) for _ in procs)
+    for p in procs:
+        p.join()
+    return results

@@ -16,17 +16,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported: one i
 
 import argparse  # noqa: E402
 import copy  # noqa: E402
-import socket  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Dict, List, Tuple  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 
-from _common import format_table, machine_line  # noqa: E402
+from _common import format_table, machine_line, on_two_ranks  # noqa: E402
 
 MODELS = {"mlp 8x64": (8, 64), "mlp 8x512": (8, 512)}
 N, BATCH = 8, 64
@@ -102,17 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=10)
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, 2, port, args.seeds, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = dict(out.get(timeout=600) for _ in procs)
-    for p in procs:
-        p.join()
+    results = on_two_ranks(rank_main, args.seeds, timeout=600)
     rows = []
     for name, (blocks, width) in MODELS.items():
         want = [one_process_total(blocks, width, seed) for seed in range(args.seeds)]

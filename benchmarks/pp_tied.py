@@ -22,17 +22,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported: one i
 
 import argparse  # noqa: E402
 import copy  # noqa: E402
-import socket  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 
-from _common import format_table, machine_line, yes_no  # noqa: E402
+from _common import format_table, machine_line, on_two_ranks, yes_no  # noqa: E402
 
 WIDTH, N, BATCH, TOKENS, STEPS, ROUNDS = 64, 8, 32, 16, 5, 7
 WAYS = {"undeclared (wrong)": None, "exact=False": False, "exact (default)": True}
@@ -133,17 +131,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--vocab", type=int, nargs="+", default=[1024, 8192])
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, 2, port, args.vocab, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = dict(out.get(timeout=900) for _ in procs)
-    for p in procs:
-        p.join()
+    results = on_two_ranks(rank_main, args.vocab, timeout=900)
     rows = []
     for vocab in args.vocab:
         want = one_process_grad(vocab)

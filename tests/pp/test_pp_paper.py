@@ -318,7 +318,11 @@ def test_a_send_is_posted_and_never_waits_so_1f1b_s_crossing_sends_pass() -> Non
     plans = check.rank_plans(schedules)
     met = [((r[0], r[1], 0), (s[0], s[1], 0)) for r, s in plans.messages]
     check_together(plans.engines, 1, cross=met)
+    data = [m for m in met if not m[0][1].startswith(("HELLO", "DONE"))]  # the HELLOs and DONEs cross too
+    markers = [m for m in met if m not in data]
     with pytest.raises(ScheduleError, match="0SEND_F1 of iteration 0, which runs together with 1RECV_F1"):
+        check_together(plans.engines, 1, together=data, cross=markers)
+    with pytest.raises(ScheduleError, match="HELLO0>1 of iteration 0, which runs together with HELLO0>1"):
         check_together(plans.engines, 1, together=met)
 
 
@@ -347,13 +351,16 @@ def test_the_verdict_is_the_engine_s_paper_run_of_every_rank_s_plan(monkeypatch:
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_the_first_receive_from_each_peer_waits_for_that_peer_s_hello_and_no_other_does(ranks: int) -> None:
-    """A peer's data is used only once its HELLO said it runs the same schedule as this rank."""
+def test_a_peer_s_hello_is_taken_on_the_compute_thread_just_before_the_first_receive_from_it(ranks: int) -> None:
+    """A peer's data is used only once its HELLO said it runs the same schedule as this rank; one thread, the
+    caller's, runs the whole step (no thread is started per step), the DONEs last."""
     for rank, groups in _units(orders.one_f_one_b(ranks, 4), ranks, ranks, 4).items():
-        recvs = [u for u in groups[units.COMPUTE] if u.role == "recv"]
-        firsts = {}
-        for unit in recvs:
-            firsts.setdefault(unit.peer, unit.name)
-        assert {u.name: u.deps for u in recvs if u.deps} == {
-            name: (units.hello_name(peer, rank),) for peer, name in firsts.items()}
-        assert sorted(firsts) == [p for p in (rank - 1, rank + 1) if 0 <= p < ranks]
+        assert list(groups) == [units.COMPUTE]
+        names = [u.name for u in groups[units.COMPUTE]]
+        peers = [p for p in (rank - 1, rank + 1) if 0 <= p < ranks]
+        for peer in peers:
+            first = next(u.name for u in groups[units.COMPUTE] if u.role == "recv" and u.peer == peer
+                         and not u.marker)
+            assert names[names.index(first) - 1] == units.hello_name(peer, rank)
+        tail = [units.done_name(rank, p) for p in peers] + [units.done_name(p, rank) for p in peers]
+        assert names[-len(tail):] == tail

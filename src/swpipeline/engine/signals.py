@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Dict, Iterable, List, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from ..errors import DependencyTimeoutError, PipelineAborted, SequencerTimeoutError
 
@@ -44,7 +44,8 @@ class CompletionBoard:
     def __init__(self, task_names: List[str]) -> None:
         self.names = task_names
         self.lock = threading.Lock()
-        self._task_cond = [threading.Condition(self.lock) for _ in task_names]
+        # each task's condition, made by its first waiter (under the lock): most tasks are never waited on
+        self._task_cond: List[Optional[threading.Condition]] = [None] * len(task_names)
         self.done: List[int] = [0] * len(task_names)
         # threads waiting on each task (changed under the lock only); the unit executor, which completes
         # most tasks, reads it itself to skip a call: ``done[task] = i + 1``, then ``wake`` if this is not 0
@@ -60,13 +61,15 @@ class CompletionBoard:
     def wake(self, task: int) -> None:
         """Wake whoever waits on ``task`` (its counter was just raised)."""
         with self.lock:
-            self._task_cond[task].notify_all()
+            cond = self._task_cond[task]
+            if cond is not None:
+                cond.notify_all()
 
     def wait_task(self, task: int, iter_idx: int, timeout: float, waiter: str, waiter_iter: int) -> None:
         """Block until ``task`` is done for ``iter_idx`` (the caller checked the fast path)."""
         deadline = time.monotonic() + timeout
-        cond = self._task_cond[task]
         with self.lock:
+            cond = self._condition(task)
             self.waiters[task] += 1
             try:
                 while self.done[task] <= iter_idx:
@@ -100,8 +103,8 @@ class CompletionBoard:
         for task, iter_idx in units:
             if done[task] > iter_idx:
                 continue
-            cond = self._task_cond[task]
             with self.lock:
+                cond = self._condition(task)
                 self.waiters[task] += 1
                 try:
                     while done[task] <= iter_idx:
@@ -115,6 +118,13 @@ class CompletionBoard:
                     self.waiters[task] -= 1
         return True
 
+    def _condition(self, task: int) -> threading.Condition:
+        """``task``'s condition, made now if nobody waited on it before (called under the lock)."""
+        cond = self._task_cond[task]
+        if cond is None:
+            cond = self._task_cond[task] = threading.Condition(self.lock)
+        return cond
+
     def unfinished(self, iter_idx: int) -> List[str]:
         return [n for n, d in zip(self.names, self.done) if d <= iter_idx]
 
@@ -123,7 +133,8 @@ class CompletionBoard:
         with self.lock:
             self.aborted = True
             for cond in self._task_cond:
-                cond.notify_all()
+                if cond is not None:
+                    cond.notify_all()
 
 
 Key = Tuple[int, int]  # (task index, iteration)

@@ -2,9 +2,8 @@
 
 Every unit is a task at stage 0 on its unit's thread group and stream: the compute
 actions, sends and receives on the ``compute`` thread (the sends to and receives from rank
-``q`` each on a stream of their own, ``send{q}`` and ``recv{q}``), each peer's HELLO and DONE
-on a thread ``peer{q}``. The tasks of a
-group are chained by intra-iteration dependencies in the group's order, and each task
+``q``, HELLO and DONE too, each on a stream of their own, ``send{q}`` and ``recv{q}``). The
+tasks of a group are chained by intra-iteration dependencies in the group's order, and each task
 also depends on the units it waits for, so the engine runs exactly the order that
 ``check.prove`` proved across ranks; ``engine_orders`` reads that order back from the
 engine to make sure of it.

@@ -44,7 +44,7 @@ class RankRunner:
         self.transport = transport
         # how many messages this rank sends each peer in a step (HELLO, data, DONE)
         self.channels = {unit.peer: unit.channel[2] + 1 for unit in units[COMPUTE] if unit.marker == "done"
-                         and unit.channel is not None}
+                         and unit.role == "send" and unit.channel is not None}
         self.local = work.ranks[rank].local
         self.units = units
         self.plan = plan_of_rank(units, self._task)

@@ -130,8 +130,8 @@ class PipelineSchedule:
     @property
     def pipeline_order_with_comms(self) -> Dict[int, List[Action]]:
         """torch's form of a custom order that lists the sends and receives too. Set, its sends and receives are
-        dropped and derived again from the compute actions (each is posted as soon as its value exists, on a
-        thread of its own); read, it gives every rank's compute actions."""
+        dropped and derived again from the compute actions (each send is posted as soon as its value exists, each
+        receive taken just before the action that needs it); read, it gives every rank's compute actions."""
         return {rank: list(work.compute) for rank, work in self._work(self._loss_fn is not None)[0].ranks.items()}
 
     @pipeline_order_with_comms.setter

@@ -212,8 +212,8 @@ class Transport:
                     self._posted[(peer, index)] = (work, buffer)
 
     def finish_step(self) -> None:
-        """Wait for every send posted in the step: each peer's DONE showed it received all but our DONE, which its
-        receive thread takes next."""
+        """Wait for every send posted in the step: each peer's DONE showed it received all but our DONE, which it
+        takes last."""
         for work, _, peer in self._works:
             self._wait(work, peer, f"rank {peer} to take this rank's end of step", None)
         self._works = []

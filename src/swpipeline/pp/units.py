@@ -1,30 +1,31 @@
 """One rank's step as units on thread groups: what its plan runs and what the cross-rank check proves.
 
-A rank runs its step on these thread groups, each a FIFO of units in the order listed::
+A rank runs its step on one thread, the caller's, as one FIFO of units::
 
     compute      the rank's compute actions in its schedule's order, each preceded by the receives of
-                 what it needs and followed by the sends of what it made:
-                 HELLO0>1 0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 ... DONE0>1
-    peer{q}      rank q's start and end of step:  HELLO1>0 DONE1>0
+                 what it needs and followed by the sends of what it made, a HELLO to each peer first,
+                 the peer's HELLO just before the first receive from it, the DONEs last:
+                 HELLO0>1 0F0 0SEND_F0 0F1 0SEND_F1 HELLO1>0 0RECV_B0 0B0 ... DONE0>1 DONE1>0
 
 Every receive of the step is posted when the step starts (``transport.py``), so a message
 lands in its buffer whenever it arrives, while the rank computes; the receive *unit* only
 takes it, just before the action that needs it, on a stream of its own (``recv{q}``). A send
 only posts its message and never blocks, so it runs as soon as its value exists, on a stream
-of its own (``send{q}``): on a GPU both overlap the compute. Neither waits on the compute
-thread for anything but its message, so no hand-off between threads is paid per message.
+of its own (``send{q}``): on a GPU both overlap the compute. No other thread takes part, so no
+hand-off between threads is paid per message, and none is started per step.
 
 A unit also waits for its dependencies on the same rank: a forward for the receive of
 its input (or, where the previous stage is on this rank, for that stage's forward), a
 backward for its forward and the receive of its output's gradient, ``W`` for its ``I``, a
 send for the action that made its value. Each rank's first message on a channel is a
-``HELLO``, sent as its step starts and taken by a thread of its own: a rank that never
-starts its step is found out whatever the compute is doing; the first receive from a peer
-waits for that thread to have compared the peer's HELLO with what this rank runs, so nothing
-a peer running another schedule sent is ever used. Its last is a ``DONE``, sent once
-the rank's whole step is done (every unit but its own DONE receives): a rank whose step returns
-knows that each rank it talks to finished too. A rank that fails sends its error in place
-of the next message instead (``transport.py``).
+``HELLO``, sent as its step starts, saying what the rank runs; it is taken, and compared with
+what this rank runs, just before the first receive from that peer, so nothing a peer running
+another schedule sent is ever used. Its last is a ``DONE``, sent once the rank's whole step is
+done but its own DONE receives, which come last: a rank whose step returns knows that each rank
+it talks to finished too. A rank that never starts its step is found out by the first receive
+that waits for it (``timeout`` seconds for its HELLO); the watchdog (``watchdog.py``) then tells
+every rank. A rank that fails sends its error in place of the next message instead
+(``transport.py``).
 
 Across ranks a receive waits for its send (a send never waits: it is posted). ``plan_of_rank.py``
 turns the units into the rank's ``PipelinePlan``; ``check.py`` proves all ranks' units together.
@@ -50,11 +51,6 @@ def send_stream(peer: int) -> str:
 
 def recv_stream(peer: int) -> str:
     return f"recv{peer}"
-
-
-def peer_group(peer: int) -> str:
-    """The thread (and stream) that waits for rank ``peer``'s start and end of step."""
-    return f"peer{peer}"
 
 
 class Unit(NamedTuple):
@@ -111,24 +107,23 @@ def units_of_rank(work: PipelineWork, rank: int) -> RankUnits:
         compute += sorted(recvs.get(action, []), key=lambda u: (u.peer, u.channel))
         compute.append(Unit(str(action), COMPUTE, COMPUTE, _compute_deps(action, received, local), action=action))
         compute += sorted(sends.get(str(action), []), key=lambda u: (u.peer, u.channel))
-    unchecked = set(mine.peers)  # the first receive from a peer waits for its HELLO: nothing it sent is used before
-    for i, unit in enumerate(compute):  # what it runs is compared with what this rank runs
-        if unit.role == "recv" and unit.peer in unchecked:
-            unchecked.discard(unit.peer)
-            compute[i] = unit._replace(deps=(hello_name(unit.peer, rank),))
-    groups: RankUnits = {COMPUTE: compute}
+    hellos = {peer: Unit(hello_name(peer, rank), COMPUTE, recv_stream(peer), (), channel=(peer, rank, 0), peer=peer,
+                         marker="hello", role="recv") for peer in mine.peers}
+    ordered: List[Unit] = []
+    for unit in compute:  # a peer's HELLO is taken just before the first receive from it
+        if unit.role == "recv" and unit.peer in hellos:
+            ordered.append(hellos.pop(unit.peer))
+        ordered.append(unit)
+    ordered += hellos.values()  # the peers this rank receives nothing from but their HELLO and DONE
     for peer in mine.peers:
-        group = peer_group(peer)
-        groups[group] = [Unit(hello_name(peer, rank), group, group, (), channel=(peer, rank, 0), peer=peer,
-                              marker="hello", role="recv")]
-    whole_step = tuple(units[-1].name for units in groups.values() if units)
+        sent = len(mine.sends.get(peer, [])) + 1
+        ordered.append(Unit(done_name(rank, peer), COMPUTE, send_stream(peer), (), channel=(rank, peer, sent),
+                            peer=peer, marker="done", role="send"))
     for peer in mine.peers:
-        sent, got = len(mine.sends.get(peer, [])) + 1, len(work.ranks[peer].sends.get(rank, [])) + 1
-        groups[COMPUTE].append(Unit(done_name(rank, peer), COMPUTE, send_stream(peer), whole_step,
-                                    channel=(rank, peer, sent), peer=peer, marker="done", role="send"))
-        groups[peer_group(peer)].append(Unit(done_name(peer, rank), peer_group(peer), peer_group(peer), (),
-                                             channel=(peer, rank, got), peer=peer, marker="done", role="recv"))
-    return groups
+        got = len(work.ranks[peer].sends.get(rank, [])) + 1
+        ordered.append(Unit(done_name(peer, rank), COMPUTE, recv_stream(peer), (), channel=(peer, rank, got),
+                            peer=peer, marker="done", role="recv"))
+    return {COMPUTE: ordered}
 
 
 def _compute_deps(action: Action, received: Dict[Action, List[str]],
