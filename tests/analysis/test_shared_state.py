@@ -412,3 +412,19 @@ def test_the_default_generator_of_an_accelerator_is_named_as_torch_spells_it() -
     no_dropout = drawn_from(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
                             (torch.ones(1), torch.ones(1), torch.ones(1), 0.0), {}, None)
     assert no_dropout is None
+
+
+def test_the_walk_over_live_tensors_finds_plain_tensors_and_leaves_python_dispatch_wrappers_alone() -> None:
+    """The checks list every tensor alive before a run (to name a write to one); an orphaned FakeTensor of a
+    compile that has ended must not be asked for its storage (the suite once crashed in that walk)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from swpipeline.analysis.access import _live_tensors
+
+    plain, weight = torch.ones(3), torch.nn.Parameter(torch.ones(2))
+    with FakeTensorMode() as mode:
+        fake = torch.empty(4)
+    assert type(fake).__name__ == "FakeTensor" and mode is not None
+    found = {id(t) for t in _live_tensors()}
+    assert id(plain) in found and id(weight) in found and id(fake) not in found

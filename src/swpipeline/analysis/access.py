@@ -302,7 +302,10 @@ class StateRecorder:
 
 
 def _live_tensors() -> List[torch.Tensor]:
-    """Every tensor object alive now that has a storage and a version counter."""
+    """Every tensor object alive now that has a storage and a version counter. Tensor subclasses that dispatch
+    in Python (FakeTensor, FunctionalTensor, DTensor: wrappers, often of a mode or a compile that has ended) are
+    left out: they hold no storage of their own (a DTensor's local tensor is found as itself), and asking an
+    orphaned one for its storage is not safe."""
     found = []
     is_tensor: Dict[type, bool] = {}
     with warnings.catch_warnings():  # issubclass() wakes lazily deprecated objects, which warn
@@ -311,7 +314,8 @@ def _live_tensors() -> List[torch.Tensor]:
             kind = type(obj)
             known = is_tensor.get(kind)
             if known is None:
-                known = is_tensor[kind] = issubclass(kind, torch.Tensor)
+                known = is_tensor[kind] = issubclass(kind, torch.Tensor) and (
+                    getattr(kind, "__torch_dispatch__", None) is getattr(torch.Tensor, "__torch_dispatch__", None))
             if known and storage_key(obj) is not None and _version(obj) >= 0:
                 found.append(obj)
     return found
