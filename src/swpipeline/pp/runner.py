@@ -45,6 +45,9 @@ class RankRunner:
         # how many messages this rank sends each peer in a step (HELLO, data, DONE)
         self.channels = {unit.peer: unit.channel[2] + 1 for unit in units[COMPUTE] if unit.marker == "done"
                          and unit.role == "send" and unit.channel is not None}
+        # the peers' HELLOs and DONEs: their receives are posted as the step starts
+        self.markers = [(unit.peer, unit.channel[2]) for unit in units[COMPUTE] if unit.marker and unit.role == "recv"
+                        and unit.channel is not None]
         self.local = work.ranks[rank].local
         self.units = units
         self.plan = plan_of_rank(units, self._task)
@@ -62,7 +65,7 @@ class RankRunner:
             raise RuntimeError(f"step() after a failed step ({self.failure.where()} failed with "
                                f"{self.failure.error}): the ranks' messages are out of step; build the process group "
                                f"and the schedule again (usually: restart the job)")
-        self.transport.start_step(self.channels, self.mode, self.config)
+        self.transport.start_step(self.channels, self.mode, self.config, self.markers)
         try:
             self.pipe.run([state], trace=trace or None)
         except BaseException as exc:

@@ -45,7 +45,7 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Dict, List, Mapping, NamedTuple, NoReturn, Optional, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, NoReturn, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -184,6 +184,7 @@ class Transport:
         self._sent: Dict[Tuple[Any, int, int], Layout] = {}  # (mode, peer, index) -> layout sent last time
         self._got: Dict[Tuple[Any, int, int], Layout] = {}  # (mode, peer, index) -> layout received last time
         self._posted: Dict[Tuple[int, int], Tuple[Any, torch.Tensor]] = {}  # (peer, index) -> receive posted early
+        self._headers: Dict[Tuple[int, int], Tuple[Any, torch.Tensor]] = {}  # ... of a HELLO or DONE (its header)
         self._mode: Any = None
         self._watchdog = Watchdog(f"swpipeline-pp-watchdog-rank{rank}")
         self.failure: Optional[Failure] = None
@@ -192,9 +193,12 @@ class Transport:
 
     # -- the step's life cycle ------------------------------------------------------------------
 
-    def start_step(self, channels: Mapping[int, int], mode: Any, config: Optional[Config] = None) -> None:
+    def start_step(self, channels: Mapping[int, int], mode: Any, config: Optional[Config] = None,
+                   markers: Sequence[Tuple[int, int]] = ()) -> None:
         """A new step of kind ``mode`` (its messages' layouts are remembered per kind), sending ``channels[q]``
-        messages to each peer ``q``: post every receive whose layout is known from the last step of that kind.
+        messages to each peer ``q``: post every receive whose layout is known from the last step of that kind,
+        and the receive of each ``(peer, index)`` in ``markers`` (the peers' HELLOs and DONEs: a message whose
+        receive is posted after it came pays a round trip of gloo's more, milliseconds at a step's end).
         ``config``: what this rank runs, said in its HELLOs and compared with each peer's."""
         with self._lock:
             if config != self._config:  # the HELLO saying it, made once (read only: posted to every peer)
@@ -202,14 +206,17 @@ class Transport:
                                                                                  config.text.encode())
             self._config = config
             self._outboxes = {peer: _Outbox(count) for peer, count in channels.items()}
-            self._abandoned += self._works + list(self._posted.values())
-            self._works, self._posted, self._mode = [], {}, mode
+            self._abandoned += self._works + list(self._posted.values()) + list(self._headers.values())
+            self._works, self._posted, self._headers, self._mode = [], {}, {}, mode
             self.failure = None
             for (kind, peer, index), layout in self._got.items():
                 if kind == mode:
                     buffer = torch.empty(packed_size(layout), dtype=torch.uint8, device=self.device)
                     work = self._irecv(buffer, peer, tag(index, FAST))
                     self._posted[(peer, index)] = (work, buffer)
+            for peer, index in markers:
+                header = torch.empty(HEADER_BYTES, dtype=torch.uint8, device=self.device)
+                self._headers[(peer, index)] = (self._irecv(header, peer, tag(index, ANNOUNCE)), header)
 
     def finish_step(self) -> None:
         """Wait for every send posted in the step: each peer's DONE showed it received all but our DONE, which it
@@ -363,8 +370,13 @@ class Transport:
 
     def _receive_header(self, peer: int, index: int, what: str,
                         seconds: Optional[float]) -> Tuple[List[int], torch.Tensor]:
-        header = torch.empty(HEADER_BYTES, dtype=torch.uint8, device=self.device)
-        self._wait(self._irecv(header, peer, tag(index, ANNOUNCE)), peer, what, seconds)
+        with self._lock:
+            posted = self._headers.pop((peer, index), None)
+        if posted is None:
+            header = torch.empty(HEADER_BYTES, dtype=torch.uint8, device=self.device)
+            posted = (self._irecv(header, peer, tag(index, ANNOUNCE)), header)
+        work, header = posted
+        self._wait(work, peer, what, seconds)
         values = read_header(header)
         if values[0] == FAILED:
             self._raise_failure(header)
