@@ -38,6 +38,7 @@ __all__: List[str] = []
 
 Values = Tuple[Any, ...]
 Edge = Tuple[int, int, int]  # (consumer stage, microbatch, source stage): one value between two stages
+_NO_TIES = contextlib.nullcontext()  # a backward's context on a rank with no exact tie (shared: it holds nothing)
 
 
 class Saved(NamedTuple):
@@ -214,7 +215,7 @@ class StageOps:
 
     def _capture(self, s: int, m: int, state: StepState) -> Any:
         """The context of a backward that writes stage ``s``'s parameters' gradients (tied weights: ties.py)."""
-        return self.ties.capture(s, m, state.tied) if self.ties is not None else contextlib.nullcontext()
+        return self.ties.capture(s, m, state.tied) if self.ties is not None else _NO_TIES
 
     @staticmethod
     def _take_grad(value: Any) -> Optional[torch.Tensor]:

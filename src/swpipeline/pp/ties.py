@@ -103,6 +103,8 @@ class Ties:
         for tie in self.ties if resolve else []:
             for s in sorted((s for s in tie.uses if s in held), reverse=True):
                 self.mine.setdefault(tie.name, []).append((s, _parameter(held[s], tie, who)))
+        # tie -> this rank's copies, each once (one Parameter may serve several stages of the rank)
+        self.copies = {name: list({id(p): p for _, p in uses}.values()) for name, uses in self.mine.items()}
         self.exact_of_stage: Dict[int, List[torch.nn.Parameter]] = {}
         for tie in self.ties:
             if tie.exact:
@@ -192,15 +194,21 @@ class Ties:
             if fingerprint is not None:
                 self._check_copies(tie, mine[0][0], fingerprint, self._stages_on(tie, root)[0], heard.fingerprint())
             total = heard.total()
-            if total is None:
-                return
-            for p in {id(p): p for _, p in mine}.values():
-                if p.grad is None:
-                    p.grad = total.to(p.device, copy=True)
-                else:
-                    p.grad.copy_(total)
+            if total is not None:
+                for p in self.copies[tie.name]:
+                    if p.grad is None:
+                        p.grad = total.to(p.device, copy=True)
+                    else:
+                        p.grad.copy_(total)
             return
-        others = {r: self._stages_on(tie, r) for r in self.ranks[tie.name] if r != root}
+        self._add_up(tie, n, shares, wire, fingerprint)
+
+    def _add_up(self, tie: TiedWeight, n: int, shares: Shares, wire: TieWire, fingerprint: Any) -> None:
+        """The root's side: the other holders' shares in, every share added in the one-process order onto each of
+        this rank's copies, the gradient out."""
+        mine = self.mine[tie.name]
+        first = mine[0][1]
+        others = {r: self._stages_on(tie, r) for r in self.ranks[tie.name] if r != self.rank}
         for r, (theirs, got) in wire.from_others({r: len(ss) * n for r, ss in others.items()}, first,
                                                   fingerprint).items():
             if fingerprint is not None:
@@ -209,7 +217,7 @@ class Ties:
                 if share is not None:
                     shares[(tie.name, others[r][k // n], k % n)] = share
         order = sorted(tie.uses, reverse=True)
-        copies = list({id(p): p for _, p in mine}.values())  # one object may serve several stages
+        copies = self.copies[tie.name]
         for m in range(n):  # per microbatch its uses' shares, the later stage's first; then onto the gradient
             terms = [shares.pop((tie.name, s, m)) for s in order if (tie.name, s, m) in shares]
             if not terms:
