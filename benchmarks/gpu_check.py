@@ -1,10 +1,10 @@
 """Every GPU check of the project in one command, with one summary table: run it first on a machine with a GPU.
 
-    python benchmarks/gpu_check.py [--out DIR] [--budget-s 450]
+    python benchmarks/gpu_check.py [--out DIR] [--budget-s 510]
 
 The steps run in this order, the most telling first, each bounded in time (a step
 that overruns is stopped and reported, and the next one starts), all within
-``--budget-s`` seconds (7.5 minutes by default, so a 15-minute GPU lease leaves room
+``--budget-s`` seconds (8.5 minutes by default, so a 15-minute GPU lease leaves room
 to fix something and run it again):
 
 1. ``python -m pytest -m cuda``: one test per GPU hazard, GPipe on the GPU;
@@ -13,7 +13,12 @@ to fix something and run it again):
 3. ``benchmarks/gpu_overlap.py``: a 64 MiB copy hidden behind compute, both engines
    against the serial loop and a hand-written two-stream loop;
 4. ``benchmarks/gpu_apps.py``: GPipe and the embedding cache on the GPU, each
-   checked against its reference, with their step times.
+   checked against its reference, with their step times;
+5. ``benchmarks/pp_vs_pipelining.py --device cuda``: swpipeline.pp with every stage on
+   the GPU, two gloo ranks sharing it (NCCL refuses two ranks on one GPU, and gloo carries
+   only CPU tensors, so torch's stages cannot run there), then one rank holding every
+   stage, next to torch.distributed.pipelining; each schedule's ms/step and whether its
+   gradients equal the one-process model's on the GPU, bit for bit.
 
 It writes DIR/gpu_check.log (every step's whole output), DIR/summary.md (the table
 it prints at the end) and DIR/readme_section.md, the GPU figures as measured. Back on
@@ -37,7 +42,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- gpu-check: begin -->", "<!-- gpu-check: end -->"
@@ -100,8 +105,61 @@ def apps_figures(output: str) -> str:
     return "; ".join(keep) or "no result line"
 
 
+PP_STEPS = ("pp_vs_pipelining.py --device cuda", "pp_vs_pipelining.py --device cuda --ranks 1")
+
+
+def pp_rows(output: str) -> List[Dict[str, str]]:
+    """Each row of pp_vs_pipelining.py's tables: model, ranks, the one-process ms/step, schedule, library, ms/step,
+    speed against torch's (empty where torch did not run) and whether it was exact."""
+    rows, head = [], None
+    for line in output.splitlines():
+        found = re.match(r"(\w+): (\d+) \w+ ranks? on \w+, .*one thread: ([\d.]+) ms/step", line)
+        if found:
+            head = {"model": found.group(1), "ranks": found.group(2), "single": found.group(3)}
+            continue
+        cells = line.split()  # an empty "vs torch" cell (torch not run) leaves one cell fewer
+        if head and len(cells) >= 9 and cells[1] in ("torch", "swpipeline") and cells[-1] in ("yes", "NO"):
+            rows.append(dict(head, schedule=cells[0], library=cells[1], ms=cells[2], exact=cells[-1],
+                             versus=cells[8] if len(cells) == 10 else ""))
+    return rows
+
+
+def pp_figures(output: str) -> str:
+    """How many schedules were exact, and their speed against torch's where it ran (the times: the table)."""
+    rows = pp_rows(output)
+    if not rows:
+        return "no table"
+    ours = [r for r in rows if r["library"] == "swpipeline"]
+    text = f"exact: {sum(r['exact'] == 'yes' for r in ours)} of {len(ours)} (model, schedule)"
+    versus = [float(r["versus"]) for r in ours if r["versus"]]
+    if versus:
+        text += f"; {min(versus):.2f}-{max(versus):.2f}x torch's speed"
+    return text + "; ms/step in the table below"
+
+
+def pp_table(outcomes: Sequence[Outcome]) -> str:
+    """The pp steps' ms/step side by side: two ranks sharing the GPU, one rank holding every stage."""
+    by_key: Dict[Tuple[str, str], Dict[str, str]] = {}
+    for outcome in outcomes:
+        if outcome.step.name in PP_STEPS:
+            for r in pp_rows(outcome.output):
+                if r["library"] == "swpipeline":
+                    entry = by_key.setdefault((r["model"], r["schedule"]), {"single": r["single"]})
+                    entry[r["ranks"]] = f"{r['ms']}" + ("" if r["exact"] == "yes" else " (NOT exact)")
+    if not by_key:
+        return ""
+    lines = ["| model | schedule | one process, ms/step | 2 ranks sharing the GPU | 1 rank holding every stage |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {model} | {schedule} | {e['single']} | {e.get('2', '')} | {e.get('1', '')} |"
+              for (model, schedule), e in by_key.items()]
+    return ("\n\n`pp_vs_pipelining.py --device cuda` (swpipeline.pp, 8 microbatches, ms/step; every result equal "
+            "to the one-process model's on the GPU, bit for bit, unless marked):\n\n" + "\n".join(lines))
+
+
 def steps(python: str) -> List[Step]:
     bench = ROOT / "benchmarks"
+    pp = [python, str(bench / "pp_vs_pipelining.py"), "--device", "cuda", "--models", "tiny", "mlp", "transformer",
+          "--rounds", "3", "--steps", "5", "--libraries", "swpipeline"]  # torch's cannot run on one GPU (docs/gpu.md)
     return [
         Step("pytest -m cuda", [python, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider"], 200,
              pytest_figures),
@@ -110,6 +168,8 @@ def steps(python: str) -> List[Step]:
              demo_figures),
         Step("gpu_overlap.py", [python, str(bench / "gpu_overlap.py"), "--iters", "100"], 90, overlap_figures),
         Step("gpu_apps.py", [python, str(bench / "gpu_apps.py")], 100, apps_figures),
+        Step("pp_vs_pipelining.py --device cuda", pp, 75, pp_figures),
+        Step("pp_vs_pipelining.py --device cuda --ranks 1", pp + ["--ranks", "1"], 75, pp_figures),
     ]
 
 
@@ -160,7 +220,7 @@ def readme_section(outcomes: Sequence[Outcome], gpu: str, torch_version: str) ->
                      "GPU time per iteration):\n\n| method | ms/iter | speedup | copy hidden | peak MiB |\n"
                      "|---|---|---|---|---|\n"
                      + "\n".join(f"| {r[0]} | {r[1]} | {r[3]} | {r[4]} | {r[5]} |" for r in found if len(r) >= 6))
-    return "\n".join([head, "", *rows]) + table + "\n"
+    return "\n".join([head, "", *rows]) + table + pp_table(outcomes) + "\n"
 
 
 def update_readme(section_file: Path, readme: Path = GPU_PAGE) -> None:
@@ -177,7 +237,7 @@ def update_readme(section_file: Path, readme: Path = GPU_PAGE) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT") or "out/gpu_check", help="where the logs go")
-    parser.add_argument("--budget-s", type=float, default=450.0, help="stop starting steps after this many seconds")
+    parser.add_argument("--budget-s", type=float, default=510.0, help="stop starting steps after this many seconds")
     parser.add_argument("--update-readme", metavar="SECTION_MD", default=None,
                         help="put a readme_section.md from a GPU run into docs/gpu.md, and do nothing else")
     args = parser.parse_args(argv)

@@ -37,6 +37,13 @@ Columns (median over ``--rounds`` rounds of ``--steps`` timed steps, after 3 war
 Run: ``python benchmarks/pp_vs_pipelining.py`` (about a minute on 2 cores). The ranks share the
 machine's cores: on a 2-core machine 2 ranks have one core each at best, so say so beside
 any figure taken there.
+
+On a GPU: ``--device cuda`` puts every stage, the batch and the one-process reference on the
+GPU (the ranks share it; each step ends with the GPU's work done). NCCL refuses two ranks on
+one GPU (``--backend nccl`` shows it), so the ranks talk through gloo, which carries only CPU
+tensors: this library's transport packs its messages on the CPU; torch's stages post theirs
+from the GPU (``--libraries`` picks which libraries run). ``--ranks 1`` puts every stage on
+one rank, where no message leaves the process.
 """
 
 from __future__ import annotations
@@ -44,9 +51,11 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported: one intra-op thread per rank
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # on a GPU: one reduction order on every stream
 
 import argparse  # noqa: E402
 import copy  # noqa: E402
+import math  # noqa: E402
 import queue  # noqa: E402
 import socket  # noqa: E402
 import statistics  # noqa: E402
@@ -67,6 +76,7 @@ SCHEDULES = {"ScheduleGPipe": 1, "Schedule1F1B": 1, "ScheduleInterleaved1F1B": 2
              "ScheduleLoopedBFS": 2, "ScheduleZBVZeroBubble": 2, "ScheduleDualPipeV": 2}  # stages per rank
 DEFAULT_SCHEDULES = list(SCHEDULES)[:4]  # the others with --schedules
 LIBRARIES = ("torch", "swpipeline")
+DEVICE = torch.device("cpu")  # --device, set in each rank
 
 
 # -- the models --------------------------------------------------------------------------------------
@@ -164,9 +174,15 @@ def build(lib_name: str, name: str, blocks: List[nn.Module], rank: int, world: i
     num_stages = world * local
     mine = stages_of(rank, world, num_stages, placement_of(name))  # in a V for ZBV and DualPipeV
     modules = {s: stage_of(blocks, s, num_stages) for s in mine}
-    stages = [lib.PipelineStage(modules[s], s, num_stages, torch.device("cpu")) for s in mine]
+    stages = [lib.PipelineStage(modules[s], s, num_stages, DEVICE) for s in mine]
     schedule = getattr(lib, name)(stages[0] if local == 1 else stages, n, loss_fn=loss_fn)
     return schedule, modules
+
+
+def settle() -> None:
+    """Wait for the GPU's queued work (a step's time includes it); nothing on the CPU."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
 
 
 def single_process_ms(blocks: List[nn.Module], x: torch.Tensor, y: torch.Tensor, n: int, steps: int,
@@ -184,16 +200,22 @@ def single_process_ms(blocks: List[nn.Module], x: torch.Tensor, y: torch.Tensor,
         step()
     times = []
     for _ in range(rounds):
+        settle()
         start = time.perf_counter()
         for _ in range(steps):
             step()
+        settle()
         times.append((time.perf_counter() - start) / steps * 1e3)
     return statistics.median(times), [p.grad.clone() for p in model.parameters()]
 
 
 def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, out: Any) -> None:
+    global DEVICE
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    DEVICE = torch.device(args.device)
+    if DEVICE.type == "cuda":
+        torch.cuda.set_device(0)  # one GPU, shared by every rank
+    dist.init_process_group(args.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         results = [measure_model(model, rank, world, args) for model in args.models]
         if rank == 0:
@@ -204,13 +226,13 @@ def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, out: A
 
 def measure_model(model: str, rank: int, world: int, args: argparse.Namespace) -> Dict[str, Any]:
     make_blocks, shape = MODELS[model]
-    blocks = make_blocks(args)
+    blocks = [b.to(DEVICE) for b in make_blocks(args)]
     gen = torch.Generator().manual_seed(1)
-    x, y = torch.randn(shape(args), generator=gen), torch.randn(shape(args), generator=gen)
+    x, y = torch.randn(shape(args), generator=gen).to(DEVICE), torch.randn(shape(args), generator=gen).to(DEVICE)
     n = args.microbatches
     single, ref = single_process_ms(blocks, x, y, n, args.steps, args.rounds) if rank == 0 else (0.0, [])
     dist.barrier()
-    variants = [(name, lib) for name in args.schedules for lib in LIBRARIES]
+    variants = [(name, lib) for name in args.schedules for lib in args.libraries]
     built = {v: build(v[1], v[0], blocks, rank, world, n) for v in variants}
     num_params = len(list(blocks[0].parameters()))
 
@@ -221,6 +243,7 @@ def measure_model(model: str, rank: int, world: int, args: argparse.Namespace) -
         stages = [s for s in modules]
         num_stages = world * SCHEDULES[v[0]]
         schedule.step(*((x,) if 0 in stages else ()), **({"target": y} if num_stages - 1 in stages else {}))
+        settle()
 
     exact: Dict[Tuple[str, str], bool] = {}
     peak: Dict[Tuple[str, str], List[float]] = {}
@@ -234,7 +257,8 @@ def measure_model(model: str, rank: int, world: int, args: argparse.Namespace) -
         gathered: List[Any] = [None] * world
         dist.all_gather_object(gathered, saved.peak / 2**20)
         peak[v] = gathered
-    measured = ("ScheduleGPipe", "swpipeline") in built and SCHEDULES["ScheduleGPipe"] == 1
+    # the simulator's costs are host times: on a GPU, where the work is queued, they are not the stages' costs
+    measured = ("ScheduleGPipe", "swpipeline") in built and DEVICE.type == "cpu"
     predicted: Dict[Tuple[str, str], List[float]] = {}
 
     def predict() -> None:
@@ -263,8 +287,8 @@ def measure_model(model: str, rank: int, world: int, args: argparse.Namespace) -
         if measured:
             predict()
     simulated = {v: statistics.median(values) for v, values in predicted.items()}
-    actions = {name: sum(a is not None for row in built[(name, "swpipeline")][0].pipeline_order.values() for a in row)
-               for name in args.schedules}  # every rank's compute actions in a step
+    actions = {name: sum(a is not None for row in built[(name, args.libraries[-1])][0].pipeline_order.values()
+                         for a in row) for name in args.schedules}  # every rank's compute actions in a step
     return {"model": model, "single": single, "times": times, "peak": peak, "exact": exact, "simulated": simulated,
             "actions": actions}
 
@@ -296,7 +320,7 @@ def table(result: Dict[str, Any], args: argparse.Namespace) -> str:
     rows = []
     for (name, lib), runs in result["times"].items():
         median = statistics.median(runs)
-        theirs = statistics.median(result["times"][(name, "torch")])
+        theirs = statistics.median(result["times"].get((name, "torch"), [math.nan]))
         bubble = 1 - result["single"] / (p * median)
         sim = result["simulated"].get((name, lib))
         sim_text = f"{sim:.1f} ({sim / median - 1:+.0%})" if sim is not None else ""
@@ -304,8 +328,10 @@ def table(result: Dict[str, Any], args: argparse.Namespace) -> str:
         rows.append([name.replace("Schedule", ""), lib, f"{median:.1f}", f"{min(runs):.1f}", f"{bubble:.0%}",
                      f"{other:.0f}",
                      f"{(p - 1) / (m + p - 1):.0%}", " / ".join(f"{v:.2f}" for v in result["peak"][(name, lib)]),
-                     f"{theirs / median:.2f}", "yes" if result["exact"][(name, lib)] else "NO", sim_text])
-    head = (f"{result['model']}: {p} gloo ranks, {m} microbatches; one process, one thread: "
+                     "" if math.isnan(theirs) else f"{theirs / median:.2f}",
+                     "yes" if result["exact"][(name, lib)] else "NO", sim_text])
+    head = (f"{result['model']}: {p} {args.backend} rank{'s' * (p > 1)} on {args.device}, {m} microbatches; "
+            f"one process, one thread: "
             f"{result['single']:.1f} ms/step")
     return head + "\n" + format_table(["schedule", "library", "ms/step", "min", "bubble", "µs/action", "ideal",
                                        "peak act. MB per rank", "vs torch", "exact", "simulated"], rows, left=2)
@@ -322,9 +348,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--models", nargs="+", default=["tiny", "mlp", "transformer"], choices=sorted(MODELS))
     parser.add_argument("--schedules", nargs="+", default=DEFAULT_SCHEDULES, choices=list(SCHEDULES))
+    parser.add_argument("--libraries", nargs="+", default=list(LIBRARIES), choices=LIBRARIES)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     args = parser.parse_args()
     print(machine_line())
-    print(f"{args.ranks} ranks on {os.cpu_count()} cores: the ranks share them (one intra-op thread each)\n")
+    print(f"{args.ranks} ranks on {os.cpu_count()} cores: the ranks share them (one intra-op thread each)"
+          + (f"; every stage on {torch.cuda.get_device_name(0)}, shared by the ranks" if args.device == "cuda" else "")
+          + "\n")
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()

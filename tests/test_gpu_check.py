@@ -33,8 +33,9 @@ def outcome(name: str, status: str, output: str) -> gpu_check.Outcome:
 
 def test_the_steps_run_the_cuda_tests_first_and_fit_the_budget() -> None:
     names = [s.name for s in gpu_check.steps(sys.executable)]
-    assert names == ["pytest -m cuda", "swpipeline demo --device cuda", "gpu_overlap.py", "gpu_apps.py"]
-    assert sum(s.timeout_s for s in gpu_check.steps(sys.executable)) <= 8 * 60
+    assert names == ["pytest -m cuda", "swpipeline demo --device cuda", "gpu_overlap.py", "gpu_apps.py",
+                     "pp_vs_pipelining.py --device cuda", "pp_vs_pipelining.py --device cuda --ranks 1"]
+    assert sum(s.timeout_s for s in gpu_check.steps(sys.executable)) <= 11 * 60
 
 
 def test_the_summary_reads_each_steps_figures() -> None:
@@ -53,6 +54,31 @@ def test_the_summary_reads_each_steps_figures() -> None:
     section = gpu_check.readme_section(outcomes, "NVIDIA H100 80GB HBM3", "2.11.0")
     assert section.startswith("**Measured on an NVIDIA H100 80GB HBM3** (torch 2.11.0")
     assert "| SWPipeline | 11.250 | 1.11x | 98% | 704 |" in section
+
+
+PP_OUTPUT = """python 3.12.3, torch 2.11.0, 16 CPUs
+1 ranks on 16 cores: the ranks share them (one intra-op thread each); every stage on NVIDIA H200, shared by the ranks
+
+mlp: 1 gloo rank on cuda, 8 microbatches; one process, one thread: 3.1 ms/step
+schedule         library     ms/step  min  bubble  µs/action  ideal  peak act. MB per rank  vs torch  exact  simulated
+---------------  ----------  -------  ---  ------  ---------  -----  ---------------------  --------  -----  ---------
+GPipe            torch           4.1  4.0     22%         56     0%                   0.08      1.00    yes
+GPipe            swpipeline      3.5  3.5      8%         18     0%                   0.08      1.17    yes
+"""
+
+
+def test_the_pp_steps_read_exactness_and_speed_and_make_one_table() -> None:
+    assert gpu_check.pp_figures(PP_OUTPUT) == ("exact: 1 of 1 (model, schedule); 1.17-1.17x torch's speed; "
+                                               "ms/step in the table below")
+    two = PP_OUTPUT.replace("1 gloo rank on", "2 gloo ranks on").replace("1.17    yes", "        NO")
+    two = "\n".join(line for line in two.splitlines() if "torch " not in line)
+    assert gpu_check.pp_figures(two) == "exact: 0 of 1 (model, schedule); ms/step in the table below"
+    outcomes = [outcome("pp_vs_pipelining.py --device cuda", "ok", two),
+                outcome("pp_vs_pipelining.py --device cuda --ranks 1", "ok", PP_OUTPUT)]
+    section = gpu_check.readme_section(outcomes, "NVIDIA H200", "2.11.0")
+    assert section.splitlines()[-3:] == [
+        "| model | schedule | one process, ms/step | 2 ranks sharing the GPU | 1 rank holding every stage |",
+        "|---|---|---|---|---|", "| mlp | GPipe | 3.1 | 3.5 (NOT exact) | 3.5 |"]
 
 
 def test_update_readme_replaces_only_the_marked_block(tmp_path: Path) -> None:

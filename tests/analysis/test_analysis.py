@@ -414,7 +414,7 @@ TORCHREC_EXPECTED: Dict[str, Found] = {
 
 
 def test_every_torchrec_plan_on_two_ranks_has_no_missing_dependency_but_semi_syncs_deliberate_one() -> None:
-    pytest.importorskip("torchrec")
+    pytest.importorskip("torchrec.distributed")
     from dist_harness import run_on_ranks
 
     for rank, found in enumerate(run_on_ranks(torchrec_analyses, world_size=2, timeout=240)):

@@ -60,7 +60,7 @@ def stage_param_slice(model: nn.Sequential, stage: int, num_stages: int) -> slic
 
 
 def run_schedule(lib: Any, name: str, rank: int, world: int, n: int, local: int, model: nn.Sequential,
-                 x: torch.Tensor, y: torch.Tensor, **extra: Any) -> Dict[str, Any]:
+                 x: torch.Tensor, y: torch.Tensor, device: str = "cpu", **extra: Any) -> Dict[str, Any]:
     """One training step of schedule ``name`` from library ``lib`` (swpipeline.pp or torch's); this rank's
     stages' gradients (by stage), its losses and its output."""
     import torch.distributed as dist
@@ -71,7 +71,7 @@ def run_schedule(lib: Any, name: str, rank: int, world: int, n: int, local: int,
     num_stages = world * local
     stages_idx = stages_of(rank, world, num_stages, placement_of(name))
     modules = {s: stage_module(model, s, num_stages) for s in stages_idx}
-    stages = [lib.PipelineStage(modules[s], s, num_stages, torch.device("cpu")) for s in stages_idx]
+    stages = [lib.PipelineStage(modules[s], s, num_stages, torch.device(device)) for s in stages_idx]
     cls = getattr(lib, name)
     arg = stages[0] if name in ("ScheduleGPipe", "Schedule1F1B") else stages
     schedule = cls(arg, n, loss_fn=loss_fn, **extra)
@@ -85,17 +85,18 @@ def run_schedule(lib: Any, name: str, rank: int, world: int, n: int, local: int,
 
 
 def exact_on_rank(rank: int, world: int, configs: Sequence[Tuple[str, int, int]],
-                  compare_torch: bool = True) -> List[Dict[str, Any]]:
+                  compare_torch: bool = True, device: str = "cpu") -> List[Dict[str, Any]]:
     """For each (schedule, n_microbatches, stages per rank): whether this rank's gradients equal the one-process
-    reference bit for bit, for swpipeline.pp and (where it accepts the configuration) for torch's."""
+    reference bit for bit, for swpipeline.pp and (where it accepts the configuration) for torch's. With ``device``
+    "cuda", the model, the batch, the reference and the stages are on the GPU (messages still go through gloo)."""
     import torch.distributed.pipelining as torch_pp
 
     import swpipeline.pp as ours
     from swpipeline.pp.orders import placement_of
     from swpipeline.pp.placement import stages_of
 
-    model = make_model()
-    x, y = make_batch()
+    model = make_model().to(device)
+    x, y = (t.to(device) for t in make_batch())
     out = []
     for name, n, local in configs:
         num_stages = world * local
@@ -103,7 +104,7 @@ def exact_on_rank(rank: int, world: int, configs: Sequence[Tuple[str, int, int]]
         mine = stages_of(rank, world, num_stages, placement_of(name))
         want = {s: ref[stage_param_slice(model, s, num_stages)] for s in mine}
         result: Dict[str, Any] = {"config": (name, n, local), "rank": rank}
-        got = run_schedule(ours, name, rank, world, n, local, model, x, y)
+        got = run_schedule(ours, name, rank, world, n, local, model, x, y, device)
         result["ours"] = _same(got["grads"], want)
         if num_stages - 1 in want:
             result["losses"] = [float(v) for v in got["losses"]] == [float(v) for v in ref_losses]
@@ -111,7 +112,7 @@ def exact_on_rank(rank: int, world: int, configs: Sequence[Tuple[str, int, int]]
         # torch's needs microbatches of one size (and one that it refuses fails midway, leaving messages behind)
         if compare_torch and hasattr(torch_pp, name) and x.size(0) % n == 0:
             try:
-                theirs = run_schedule(torch_pp, name, rank, world, n, local, model, x, y)
+                theirs = run_schedule(torch_pp, name, rank, world, n, local, model, x, y, device)
             except Exception as exc:  # a configuration torch refuses (e.g. fewer microbatches than stages)
                 result["torch"] = f"refused: {type(exc).__name__}"
             else:

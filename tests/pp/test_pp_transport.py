@@ -33,6 +33,28 @@ from swpipeline.pp import wire
 from test_pp_support import loss_fn, make_batch, make_model, reference_grads, stage_module, stage_param_slice
 
 
+def test_what_arrives_in_host_memory_is_moved_to_the_receiving_stages_device() -> None:
+    # over gloo a message lands in host memory; a stage on a GPU must get it on the GPU. The gradients were once
+    # left where they landed, and every schedule across ranks on a GPU failed at its first backward ("expected
+    # device cuda:0 but got cpu"). The meta device stands for a GPU here.
+    from types import SimpleNamespace
+
+    from swpipeline.pp.compute import StageOps, StepState
+
+    stage = SimpleNamespace(stage_index=1, device=torch.device("meta"), expected_inputs=None)
+    ops = StageOps([stage], None, sources={1: [0]}, consumers={1: [2]}, backward=True)  # type: ignore[list-item]
+    state = StepState(args=[], kwargs=[], targets=None)
+    sent = (torch.randn(2, 3), None)
+    layout = wire.layout_of(sent)
+    landed = wire.unpack(wire.pack(sent, layout, torch.device("cpu")), layout)
+    ops.arrived((1, 0, 0), landed, state)
+    ops.grads_arrived((1, 0, 2), landed, state)
+    for values in (state.acts[(1, 0, 0)], state.grads[(1, 0, 2)]):
+        assert [v.device.type if v is not None else None for v in values] == ["meta", None]
+        assert values[0].shape == (2, 3)
+    assert state.acts[(1, 0, 0)][0].requires_grad and not state.grads[(1, 0, 2)][0].requires_grad
+
+
 def test_pack_and_unpack_round_trip() -> None:
     tensors = (torch.randn(3, 5), None, torch.arange(7, dtype=torch.int64), torch.tensor([True, False]),
                torch.randn(2, 2, dtype=torch.float64), torch.randn(4, dtype=torch.bfloat16))

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-pytest.importorskip("torchrec")
+pytest.importorskip("torchrec.distributed")  # not "torchrec": without it, this folder imports as that name
 
 import torch  # noqa: E402
 

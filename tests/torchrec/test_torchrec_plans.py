@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 
-pytest.importorskip("torchrec")
+pytest.importorskip("torchrec.distributed")  # not "torchrec": without it, this folder imports as that name
 
 import torch  # noqa: E402
 

@@ -112,6 +112,12 @@ class StageOps:
             check_inputs(stage.expected_inputs, values, edge[0], edge[1], edge[2])
         state.acts[edge] = tuple(self._leaf(v, stage.device) for v in values)
 
+    def grads_arrived(self, key: Tuple[int, int, int], grads: Values, state: StepState) -> None:
+        """The gradients of stage ``key[0]``'s output for microbatch ``key[1]`` from consumer ``key[2]``, on that
+        stage's device (a message over gloo arrives in host memory)."""
+        device = self.stages[key[0]].device
+        state.grads[key] = tuple(g.to(device) if isinstance(g, torch.Tensor) else g for g in grads)
+
     def _leaf(self, value: Any, device: torch.device) -> Any:
         if not isinstance(value, torch.Tensor):
             return value

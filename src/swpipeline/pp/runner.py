@@ -128,15 +128,10 @@ class RankRunner:
                 return lambda state: transport.send(peer, index, ops.take_output(msg.src_stage, msg.microbatch, state))
             return lambda state: transport.send(
                 peer, index, state.input_grads.pop((msg.src_stage, msg.microbatch, msg.dst_stage)))
-        what = msg.describe()
+        what, key = msg.describe(), (msg.dst_stage, msg.microbatch, msg.src_stage)
         if msg.kind == FWD.value:
-            return lambda state: ops.arrived((msg.dst_stage, msg.microbatch, msg.src_stage),
-                                             transport.recv(peer, index, what), state)
-
-        def receive_grad(state: StepState) -> None:
-            state.grads[(msg.dst_stage, msg.microbatch, msg.src_stage)] = transport.recv(peer, index, what)
-
-        return receive_grad
+            return lambda state: ops.arrived(key, transport.recv(peer, index, what), state)
+        return lambda state: ops.grads_arrived(key, transport.recv(peer, index, what), state)
 
     def _hand_over(self, msg: Message, state: StepState) -> None:
         """A value between two stages of this rank, as a message would carry it."""
