@@ -19,8 +19,9 @@ What is measured
     ``HELLO`` / ``DONE``   the markers at the step's start and end, sent and taken (waiting included).
 
     The units are timed by wrapping each task the rank's plan runs, the rest by wrapping the
-    methods named; the wrappers' own time (about 1 µs a unit) counts as the engine's. Rank 0 is the first stage: what it does before its first
-    send and after its last receive is on every rank's critical path.
+    methods named; the wrappers' own time (about 1 µs a unit) counts as the engine's. Rank 0
+    is the first stage: what it does before its first send and after its last receive is on
+    every rank's critical path.
 
 Run: ``python benchmarks/pp_step_breakdown.py`` (about 20 s).
 """
