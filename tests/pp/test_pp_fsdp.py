@@ -5,6 +5,9 @@ data-parallel shards, every block and each stage module ``fully_shard``ed over t
   SGD step equal torch.distributed.pipelining's with the same setup, bit for bit (before, every gradient differed
   by an ulp or two: FSDP reduce-scattered after every microbatch);
 * a step all-gathers each parameter group once (torch's re-gathers for every microbatch's forward and backward);
+* with only the blocks sharded (not the stage module), the same bits, and each block's gradient reduce-scattered
+  once per step (torch's stage looks for FSDP on the stage module alone, and reduce-scatters every block after every
+  microbatch's backward);
 * ``clip_grad_norm_`` over the sharded stages equals one process's ``clip_grad_norm_`` over the whole gradients;
 * a schedule that splits a sharded stage's backward into I and W is refused when it is built.
 """
@@ -41,30 +44,37 @@ def fsdp_on_rank(rank: int, world: int) -> Dict[str, Any]:
     pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
     gen = torch.Generator().manual_seed(10 + dp_rank)  # each data-parallel shard its own batch
     x, y = torch.randn(ROWS, W, generator=gen), torch.randn(ROWS, W, generator=gen)
-    gathers = [0]
-    real = param_group.foreach_all_gather
+    gathers, scatters = [0], [0]
+    real, real_scatter = param_group.foreach_all_gather, param_group.foreach_reduce
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         gathers[0] += 1
         return real(*args, **kwargs)
 
+    def counting_scatter(*args: Any, **kwargs: Any) -> Any:
+        scatters[0] += 1
+        return real_scatter(*args, **kwargs)
+
     param_group.foreach_all_gather = counting  # type: ignore[assignment]
+    param_group.foreach_reduce = counting_scatter  # type: ignore[assignment]
     got: Dict[str, Any] = {"pp": pp_rank}
     for name, local in SCHEDULES:
         num_stages = 2 * local
-        for lib_name, lib in (("torch", torch_pp), ("ours", ours)):
+        for lib_name, lib in (("torch", torch_pp), ("ours", ours), ("ours, blocks only", ours),
+                              ("torch, blocks only", torch_pp)):
             model, per = _model(), BLOCKS // num_stages
             subs = []
             for s in range(pp_rank, num_stages, 2):
                 sub = copy.deepcopy(nn.Sequential(*list(model)[s * per:(s + 1) * per]))
                 for block in sub:
                     fully_shard(block, mesh=mesh["dp"])
-                fully_shard(sub, mesh=mesh["dp"])
+                if not lib_name.endswith("blocks only"):
+                    fully_shard(sub, mesh=mesh["dp"])
                 subs.append(sub)
             stages = [lib.PipelineStage(sub, s, num_stages, torch.device("cpu"), group=mesh["pp"].get_group())
                       for s, sub in zip(range(pp_rank, num_stages, 2), subs)]
             schedule = getattr(lib, name)(stages[0] if local == 1 else stages, N, loss_fn=nn.functional.mse_loss)
-            gathers[0] = 0
+            gathers[0] = scatters[0] = 0
             for _ in range(2):
                 for sub in subs:
                     sub.zero_grad(set_to_none=True)
@@ -73,11 +83,12 @@ def fsdp_on_rank(rank: int, world: int) -> Dict[str, Any]:
             grads = [p.grad.full_tensor() for p in params]
             torch.optim.SGD(params, lr=0.1).step()
             got[f"{name} {lib_name}"] = {"grads": grads, "weights": [p.full_tensor() for p in params],
-                                         "gathers": gathers[0]}
+                                         "gathers": gathers[0], "scatters": scatters[0]}
             if lib_name == "ours" and name == "Schedule1F1B":  # the step's gradients (SGD left them), clipped
                 got["clip"] = {"before": grads, "total": ours.clip_grad_norm_(schedule, 0.05),
                                "after": [p.grad.full_tensor() for p in params]}
     param_group.foreach_all_gather = real  # type: ignore[assignment]
+    param_group.foreach_reduce = real_scatter  # type: ignore[assignment]
     sub = copy.deepcopy(nn.Sequential(*list(_model())[pp_rank:pp_rank + 1]))  # a split backward: refused at once
     fully_shard(sub, mesh=mesh["dp"])
     other = copy.deepcopy(nn.Sequential(*list(_model())[pp_rank + 2:pp_rank + 3]))
@@ -103,7 +114,13 @@ def test_fsdp2_stages_equal_torch_s_bit_for_bit_and_gather_once_per_step(ranks: 
             assert all(torch.equal(a, b) for a, b in zip(theirs["weights"], mine["weights"])), (rank, name)
             groups = BLOCKS // 2  # parameter groups on this rank: one per block
             assert mine["gathers"] == 2 * groups, (rank, name)  # two steps, one all-gather per group each
+            assert mine["scatters"] == 2 * groups, (rank, name)  # and one reduce-scatter
             assert theirs["gathers"] > 4 * mine["gathers"], (rank, name, theirs["gathers"])
+            blocks_only = got[f"{name} ours, blocks only"]
+            assert all(torch.equal(a, b) for a, b in zip(theirs["grads"], blocks_only["grads"])), (rank, name)
+            assert all(torch.equal(a, b) for a, b in zip(theirs["weights"], blocks_only["weights"])), (rank, name)
+            assert (blocks_only["gathers"], blocks_only["scatters"]) == (2 * groups, 2 * groups), (rank, name)
+            assert got[f"{name} torch, blocks only"]["scatters"] == 2 * N * groups, (rank, name)  # every microbatch
         assert got["split"] == (
             f"ScheduleInterleavedZeroBubble: stage {got['pp']} is sharded with FSDP2 (fully_shard), and this schedule "
             f"splits its backward into I and W, which sharded stages cannot do here yet: use ScheduleGPipe, "

@@ -41,7 +41,7 @@ def test_what_arrives_in_host_memory_is_moved_to_the_receiving_stages_device() -
 
     from swpipeline.pp.compute import StageOps, StepState
 
-    stage = SimpleNamespace(stage_index=1, device=torch.device("meta"), expected_inputs=None)
+    stage = SimpleNamespace(stage_index=1, device=torch.device("meta"), expected_inputs=None, submod=torch.nn.ReLU())
     ops = StageOps([stage], None, sources={1: [0]}, consumers={1: [2]}, backward=True)  # type: ignore[list-item]
     state = StepState(args=[], kwargs=[], targets=None)
     sent = (torch.randn(2, 3), None)

@@ -29,7 +29,7 @@ import torch
 
 from .actions import BWD, FWD, BWD_I, BWD_W, Action
 from .backward import inputs_grad, weights_grad
-from .data_parallel import backward_sync, forward_sync
+from .data_parallel import backward_sync, forward_sync, outermost_sharded
 from .microbatch import as_tuple
 from .stage import PipelineStage
 from .ties import Shares, Ties
@@ -77,6 +77,7 @@ class StageOps:
                  last_backward: Optional[Dict[int, Action]] = None, ties: Optional[Ties] = None) -> None:
         self.ties = ties  # weights tied across stages: each backward's share of their gradients kept
         self.stages = {stage.stage_index: stage for stage in stages}
+        self.sharded = {s: outermost_sharded(stage.submod) for s, stage in self.stages.items()}  # FSDP2's roots
         self.last_backward = last_backward or {}  # stage -> its last B or W of the step (data_parallel.py)
         self.loss_fn = loss_fn
         self.sources = sources  # stage -> the stages whose outputs it takes, in argument order
@@ -179,7 +180,7 @@ class StageOps:
         roots, grads = self._roots(s, m, saved.outputs, state)
         if roots:
             is_last = self.last_backward.get(s) == (last or Action(s, BWD, m))
-            with backward_sync(self.stages[s].submod, roots, is_last), self._capture(s, m, state):
+            with self._sync(s, roots, is_last), self._capture(s, m, state):
                 torch.autograd.backward(roots, grad_tensors=grads)
         if not self.stages[s].is_first:
             self._send_input_grads(s, m, saved, [self._take_grad(v) for v in saved.inputs], state)
@@ -200,7 +201,7 @@ class StageOps:
             wanted = [v for v in saved.inputs if isinstance(v, torch.Tensor) and v.requires_grad]
             found: Dict[int, torch.Tensor] = {}
             if roots and wanted:
-                with backward_sync(self.stages[s].submod, roots, False):  # no parameter's gradient: no reduction
+                with self._sync(s, roots, False):  # no parameter's gradient: no reduction
                     got = inputs_grad((tuple(roots), tuple(grads)), wanted)
                 found = {id(v): g for v, g in zip(wanted, got) if g is not None}
             self._send_input_grads(s, m, saved, [found.get(id(v)) for v in saved.inputs], state)
@@ -215,9 +216,12 @@ class StageOps:
         roots, grads = state.weight_pending.pop((s, m))
         params = [p for p in self.stages[s].submod.parameters() if p.requires_grad]
         if roots and params:
-            with backward_sync(self.stages[s].submod, roots, self.last_backward.get(s) == Action(s, BWD_W, m)), \
-                    self._capture(s, m, state):
+            with self._sync(s, roots, self.last_backward.get(s) == Action(s, BWD_W, m)), self._capture(s, m, state):
                 weights_grad((roots, grads), params)
+
+    def _sync(self, s: int, roots: Sequence[Any], last: bool) -> Any:
+        """The data-parallel context of a backward of stage ``s`` (``last``: its last in the step)."""
+        return backward_sync(self.stages[s].submod, roots, last, self.sharded[s])
 
     def _capture(self, s: int, m: int, state: StepState) -> Any:
         """The context of a backward that writes stage ``s``'s parameters' gradients (tied weights: ties.py)."""

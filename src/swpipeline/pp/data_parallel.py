@@ -16,7 +16,9 @@ gradients: its last ``B``, or with a split backward its last ``W`` (an ``I`` nev
 Gradients are divided by ``n_microbatches`` after the step, as without DDP.
 
 A stage sharded with FSDP2 (``fully_shard``, its blocks and itself over a data-parallel mesh)
-is handled as torch's stage handles it, so that the gradients are the same bits::
+is handled as torch's stage handles it, so that the gradients are the same bits (and so is a
+stage whose blocks alone are sharded, each block then a root of its own, which torch's stage
+leaves to reduce-scatter after every microbatch)::
 
     every backward                   no gradient sync, no reshard after it: each parameter's
                                      unsharded gradient adds up over the microbatches
@@ -74,10 +76,22 @@ def gathered_for_the_step(sharded: Sequence[Any]) -> Iterator[None]:
             sub.reshard()
 
 
-def backward_sync(module: Any, roots: Sequence[Any], last: bool) -> ContextManager[Any]:
-    """The context a stage's backward from ``roots`` runs in; ``last``: the stage's last in the step."""
+def outermost_sharded(module: Any) -> List[Any]:
+    """The FSDP2 modules of a stage that no other of its FSDP2 modules holds: the stage module itself when it is
+    sharded, else each sharded block (``fully_shard`` on the blocks alone makes each one a root of its own)."""
     if isinstance(module, FSDPModule):
-        return _sharded_backward(module, last)
+        return [module]
+    found: List[Any] = []
+    for child in module.children():
+        found += outermost_sharded(child)
+    return found
+
+
+def backward_sync(module: Any, roots: Sequence[Any], last: bool, sharded: Sequence[Any] = ()) -> ContextManager[Any]:
+    """The context a stage's backward from ``roots`` runs in; ``last``: the stage's last in the step; ``sharded``:
+    the stage's ``outermost_sharded`` modules."""
+    if sharded:
+        return _sharded_backward(sharded, last)
     if not isinstance(module, DistributedDataParallel):
         return contextlib.nullcontext()
     if not last:
@@ -87,21 +101,23 @@ def backward_sync(module: Any, roots: Sequence[Any], last: bool) -> ContextManag
 
 
 @contextlib.contextmanager
-def _sharded_backward(module: Any, last: bool) -> Iterator[None]:
+def _sharded_backward(tops: Sequence[Any], last: bool) -> Iterator[None]:
     """An FSDP2 stage's backward: gradients add up unsharded; after the last, each group reduce-scatters once."""
-    module.set_is_last_backward(False)
-    module.set_reshard_after_backward(False)
-    module.set_requires_gradient_sync(False)
+    for module in tops:
+        module.set_is_last_backward(False)
+        module.set_reshard_after_backward(False)
+        module.set_requires_gradient_sync(False)
     yield
     if last:
-        module.set_is_last_backward(True)
-        module.set_reshard_after_backward(True)
-        module.set_requires_gradient_sync(True)
-        state = fully_shard.state(module)  # type: ignore[attr-defined]
-        for each in state._state_ctx.all_states:
-            for group in each._fsdp_param_groups:
-                group.post_backward()
-        state._root_post_backward_final_callback()
+        for module in tops:
+            module.set_is_last_backward(True)
+            module.set_reshard_after_backward(True)
+            module.set_requires_gradient_sync(True)
+            state = fully_shard.state(module)  # type: ignore[attr-defined]
+            for each in state._state_ctx.all_states:
+                for group in each._fsdp_param_groups:
+                    group.post_backward()
+            state._root_post_backward_final_callback()
 
 
 def refuse_sharded_split(stages: Sequence[Any], actions: Iterable[Action], who: str) -> None:
