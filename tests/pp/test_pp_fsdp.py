@@ -9,7 +9,9 @@ data-parallel shards, every block and each stage module ``fully_shard``ed over t
   once per step (torch's stage looks for FSDP on the stage module alone, and reduce-scatters every block after every
   microbatch's backward);
 * ``clip_grad_norm_`` over the sharded stages equals one process's ``clip_grad_norm_`` over the whole gradients;
-* a schedule that splits a sharded stage's backward into I and W is refused when it is built.
+* the schedules that split a stage's backward into I and W (InterleavedZeroBubble, ZBVZeroBubble, DualPipeV) give
+  every stage the gradients the interleaved 1F1B gives it, bit for bit, with one all-gather and one reduce-scatter
+  per parameter group per step.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dist_harness import run_on_ranks
 
 W, BLOCKS, N, ROWS = 16, 4, 4, 16
 SCHEDULES = [("ScheduleGPipe", 1), ("Schedule1F1B", 1), ("ScheduleInterleaved1F1B", 2)]
+SPLIT = ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV")
 
 
 def _model() -> nn.Sequential:
@@ -39,6 +42,8 @@ def fsdp_on_rank(rank: int, world: int) -> Dict[str, Any]:
     from torch.distributed.fsdp import fully_shard
 
     import swpipeline.pp as ours
+    from swpipeline.pp.orders import placement_of
+    from swpipeline.pp.placement import stages_of
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
     pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
@@ -87,17 +92,26 @@ def fsdp_on_rank(rank: int, world: int) -> Dict[str, Any]:
             if lib_name == "ours" and name == "Schedule1F1B":  # the step's gradients (SGD left them), clipped
                 got["clip"] = {"before": grads, "total": ours.clip_grad_norm_(schedule, 0.05),
                                "after": [p.grad.full_tensor() for p in params]}
+    split: Dict[str, Any] = {}  # two stages per rank (4 in all), placed as each schedule places them
+    for name in SPLIT:
+        placed = stages_of(pp_rank, 2, 4, placement_of(name))
+        subs = [copy.deepcopy(nn.Sequential(*list(_model())[s:s + 1])) for s in placed]
+        for sub in subs:
+            fully_shard(sub[0], mesh=mesh["dp"])
+            fully_shard(sub, mesh=mesh["dp"])
+        stages = [ours.PipelineStage(sub, s, 4, torch.device("cpu"), group=mesh["pp"].get_group())
+                  for s, sub in zip(placed, subs)]
+        schedule = getattr(ours, name)(stages, N, loss_fn=nn.functional.mse_loss)
+        gathers[0] = scatters[0] = 0
+        for _ in range(2):
+            for sub in subs:
+                sub.zero_grad(set_to_none=True)
+            schedule.step(*([x] if 0 in placed else []), **(dict(target=y) if 3 in placed else {}))
+        split[name] = {"grads": {s: [p.grad.full_tensor() for p in sub.parameters()] for s, sub in zip(placed, subs)},
+                       "gathers": gathers[0], "scatters": scatters[0]}
+    got["split"] = split
     param_group.foreach_all_gather = real  # type: ignore[assignment]
     param_group.foreach_reduce = real_scatter  # type: ignore[assignment]
-    sub = copy.deepcopy(nn.Sequential(*list(_model())[pp_rank:pp_rank + 1]))  # a split backward: refused at once
-    fully_shard(sub, mesh=mesh["dp"])
-    other = copy.deepcopy(nn.Sequential(*list(_model())[pp_rank + 2:pp_rank + 3]))
-    stages = [ours.PipelineStage(m, s, 4, torch.device("cpu"), group=mesh["pp"].get_group())
-              for s, m in ((pp_rank, sub), (pp_rank + 2, other))]
-    try:
-        ours.ScheduleInterleavedZeroBubble(stages, N, loss_fn=nn.functional.mse_loss)
-    except ValueError as exc:
-        got["split"] = str(exc)
     return got
 
 
@@ -121,10 +135,18 @@ def test_fsdp2_stages_equal_torch_s_bit_for_bit_and_gather_once_per_step(ranks: 
             assert all(torch.equal(a, b) for a, b in zip(theirs["weights"], blocks_only["weights"])), (rank, name)
             assert (blocks_only["gathers"], blocks_only["scatters"]) == (2 * groups, 2 * groups), (rank, name)
             assert got[f"{name} torch, blocks only"]["scatters"] == 2 * N * groups, (rank, name)  # every microbatch
-        assert got["split"] == (
-            f"ScheduleInterleavedZeroBubble: stage {got['pp']} is sharded with FSDP2 (fully_shard), and this schedule "
-            f"splits its backward into I and W, which sharded stages cannot do here yet: use ScheduleGPipe, "
-            f"Schedule1F1B, ScheduleInterleaved1F1B or ScheduleLoopedBFS")
+
+
+def test_schedules_that_split_the_backward_give_sharded_stages_the_same_bits(ranks: List[Dict[str, Any]]) -> None:
+    # each stage's gradients against the same stage's under interleaved 1F1B (a V places other stages on a rank)
+    want = {s: g for got in ranks for s, g in got["split"]["ScheduleInterleaved1F1B"]["grads"].items()}
+    assert sorted(want) == [0, 1, 2, 3]
+    for rank, got in enumerate(ranks):
+        for name, run in got["split"].items():
+            for s, grads in run["grads"].items():
+                assert all(torch.equal(a, b) for a, b in zip(grads, want[s])), (rank, name, s)
+            groups = 2  # one sharded block in each of the rank's two stages; two steps
+            assert (run["gathers"], run["scatters"]) == (2 * groups, 2 * groups), (rank, name)
 
 
 def test_clipping_fsdp2_stages_equals_one_process_over_the_whole_gradients(ranks: List[Dict[str, Any]]) -> None:

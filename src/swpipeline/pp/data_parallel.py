@@ -29,7 +29,9 @@ and, unlike torch's, its parameters are gathered once per step: from the stage's
 to its last backward they stay gathered (no reshard after a forward), then are resharded, so a
 step all-gathers each parameter group once instead of once per microbatch's forward and
 backward. The gathered parameters of the rank's stages are held for the step, as FSDP holds
-them with ``reshard_after_forward=False``.
+them with ``reshard_after_forward=False``. So a schedule that splits the backward in two works
+on sharded stages too: ``I`` computes the inputs' gradients alone, ``W`` the weights' into the
+gathered parameters, and the stage's last ``W`` is its last backward.
 """
 
 from __future__ import annotations
@@ -40,8 +42,6 @@ from typing import Any, ContextManager, Iterable, Iterator, List, Sequence
 import torch
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel
-
-from .actions import BWD_I, Action
 
 __all__: List[str] = []
 
@@ -118,17 +118,6 @@ def _sharded_backward(tops: Sequence[Any], last: bool) -> Iterator[None]:
                 for group in each._fsdp_param_groups:
                     group.post_backward()
             state._root_post_backward_final_callback()
-
-
-def refuse_sharded_split(stages: Sequence[Any], actions: Iterable[Action], who: str) -> None:
-    """A stage sharded with FSDP2 cannot split its backward in I and W here (its weights' pass would find the
-    gathered parameters gone): refused before anything runs."""
-    split = {a.stage for a in actions if a.kind is BWD_I}
-    for stage in stages:
-        if stage.stage_index in split and stage.dw_builder is None and sharded_modules([stage.submod]):
-            raise ValueError(f"{who}: stage {stage.stage_index} is sharded with FSDP2 (fully_shard), and this schedule "
-                             f"splits its backward into I and W, which sharded stages cannot do here yet: use "
-                             f"ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B or ScheduleLoopedBFS")
 
 
 def _tensors(values: Iterable[Any]) -> List[torch.Tensor]:

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from .actions import BWD, BWD_W, FWD, Action, RankOrders, format_orders, parse_orders
 from .check import aligned_orders, prove
 from .comms import PipelineWork, Skip, derive
-from .data_parallel import gathered_for_the_step, refuse_sharded_split, sharded_modules
+from .data_parallel import gathered_for_the_step, sharded_modules
 from .compute import StageOps, StepState, check_inputs
 from .microbatch import merge_outputs, split_args_kwargs_into_chunks, split_target
 from .orders import BUILT_IN, placement_of
@@ -107,8 +107,7 @@ class PipelineSchedule:
         self._ties = Ties(self._tied_weights, self._stages, placement, self._timeout, type(self).__name__)
         self._built.clear()
         self._runners.clear()
-        work = self._work(self._loss_fn is not None)[0]
-        refuse_sharded_split(self._stages, work.ranks[self.rank].compute, type(self).__name__)
+        self._work(self._loss_fn is not None)
 
     def _define(self, order: Mapping[int, Sequence[Any]], compute_only: bool) -> None:
         """A schedule of the user's own: every rank's actions, proved now."""
