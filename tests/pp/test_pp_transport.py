@@ -33,26 +33,36 @@ from swpipeline.pp import wire
 from test_pp_support import loss_fn, make_batch, make_model, reference_grads, stage_module, stage_param_slice
 
 
-def test_what_arrives_in_host_memory_is_moved_to_the_receiving_stages_device() -> None:
+def test_what_arrives_in_host_memory_reaches_the_stage_on_its_device_in_the_unit_that_uses_it() -> None:
     # over gloo a message lands in host memory; a stage on a GPU must get it on the GPU. The gradients were once
     # left where they landed, and every schedule across ranks on a GPU failed at its first backward ("expected
-    # device cuda:0 but got cpu"). The meta device stands for a GPU here.
+    # device cuda:0 but got cpu"). They are moved by the forward or backward that takes them, on its own stream,
+    # not by the receive: memory that the receive's stream allocates and the compute stream reads would go back to
+    # the receive's stream when freed, for its next message, while the compute could still read it. The meta
+    # device stands for a GPU here.
     from types import SimpleNamespace
 
     from swpipeline.pp.compute import StageOps, StepState
 
-    stage = SimpleNamespace(stage_index=1, device=torch.device("meta"), expected_inputs=None, submod=torch.nn.ReLU())
+    seen: List[torch.Tensor] = []
+    module = torch.nn.Linear(3, 3, device="meta")
+    module.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    stage = SimpleNamespace(stage_index=1, device=torch.device("meta"), expected_inputs=None, submod=module,
+                            is_first=False, is_last=False, wired=None)
     ops = StageOps([stage], None, sources={1: [0]}, consumers={1: [2]}, backward=True)  # type: ignore[list-item]
-    state = StepState(args=[], kwargs=[], targets=None)
-    sent = (torch.randn(2, 3), None)
+    state = StepState(args=[()], kwargs=[{}], targets=None)  # one microbatch
+    sent = (torch.randn(2, 3),)
     layout = wire.layout_of(sent)
     landed = wire.unpack(wire.pack(sent, layout, torch.device("cpu")), layout)
     ops.arrived((1, 0, 0), landed, state)
+    assert state.acts[(1, 0, 0)][0].device.type == "cpu"  # kept as it came until the forward takes it
+    ops.forward(1, 0, state)
+    assert [(t.device.type, t.requires_grad, t.shape) for t in seen] == [("meta", True, (2, 3))]
     ops.grads_arrived((1, 0, 2), landed, state)
-    for values in (state.acts[(1, 0, 0)], state.grads[(1, 0, 2)]):
-        assert [v.device.type if v is not None else None for v in values] == ["meta", None]
-        assert values[0].shape == (2, 3)
-    assert state.acts[(1, 0, 0)][0].requires_grad and not state.grads[(1, 0, 2)][0].requires_grad
+    assert state.grads[(1, 0, 2)][0].device.type == "cpu"
+    roots, grads = ops._roots(1, 0, state.saved[(1, 0)].outputs, state)
+    assert [(g.device.type, g.shape) for g in grads if g is not None] == [("meta", (2, 3))]
+    assert [r.device.type for r in roots] == ["meta"]
 
 
 def test_pack_and_unpack_round_trip() -> None:

@@ -106,18 +106,19 @@ class StageOps:
         return value
 
     def arrived(self, edge: Edge, values: Values, state: StepState) -> None:
-        """Activations for ``edge``'s consumer stage: leaves that record their gradient when training (checked
-        against the stage's ``input_args``, where given)."""
+        """Activations for ``edge``'s consumer stage (checked against the stage's ``input_args``, where given), kept
+        as they came: its forward makes them leaves on its device (see ``grads_arrived``)."""
         stage = self.stages[edge[0]]
         if stage.expected_inputs is not None and self.sources[edge[0]] == [edge[2]]:  # (no skip into it)
             check_inputs(stage.expected_inputs, values, edge[0], edge[1], edge[2])
-        state.acts[edge] = tuple(self._leaf(v, stage.device) for v in values)
+        state.acts[edge] = tuple(values)
 
     def grads_arrived(self, key: Tuple[int, int, int], grads: Values, state: StepState) -> None:
-        """The gradients of stage ``key[0]``'s output for microbatch ``key[1]`` from consumer ``key[2]``, on that
-        stage's device (a message over gloo arrives in host memory)."""
-        device = self.stages[key[0]].device
-        state.grads[key] = tuple(g.to(device) if isinstance(g, torch.Tensor) else g for g in grads)
+        """The gradients of stage ``key[0]``'s output for microbatch ``key[1]`` from consumer ``key[2]``, kept as
+        they came. A message over gloo lands in host memory; the backward that takes it moves it onto the stage's
+        device, on its own stream: memory the receive's stream allocated and the compute stream read could go back
+        to the receive's stream, for its next message, while the compute still read it."""
+        state.grads[key] = tuple(grads)
 
     def _leaf(self, value: Any, device: torch.device) -> Any:
         if not isinstance(value, torch.Tensor):
@@ -135,7 +136,7 @@ class StageOps:
             inputs: Values = state.args[m]
             widths: Tuple[int, ...] = ()
         else:
-            parts = [state.acts.pop((s, m, src)) for src in self.sources[s]]
+            parts = [tuple(self._leaf(v, stage.device) for v in state.acts.pop((s, m, src))) for src in self.sources[s]]
             inputs, widths = tuple(v for part in parts for v in part), tuple(len(part) for part in parts)
         args, kwargs = (inputs, state.kwargs[m]) if stage.wired is None else stage.wired(inputs, state.kwargs[m])
         with forward_sync(stage.submod):
@@ -158,9 +159,11 @@ class StageOps:
         if self.stages[s].is_last:
             return [state.losses[m]], [None]
         total: List[Optional[torch.Tensor]] = [None] * len(outputs)
+        device = self.stages[s].device
         for consumer in reversed(self.consumers[s]):  # the later stage's first, as autograd meets them
             for k, g in enumerate(state.grads.pop((s, m, consumer))):
                 if g is not None:
+                    g = g.to(device)  # (where it came over gloo to a GPU's stage: see grads_arrived)
                     current = total[k]
                     total[k] = g if current is None else current + g
         roots = [(o, g) for o, g in zip(outputs, total)
