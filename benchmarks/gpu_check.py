@@ -20,6 +20,10 @@ to fix something and run it again):
    stage, next to torch.distributed.pipelining; each schedule's ms/step and whether its
    gradients equal the one-process model's on the GPU, bit for bit.
 
+With ``--suite SECONDS`` the whole test suite runs after them, for at most that long (beyond
+the budget), each test named as it ends, so that a run stopped by its time limit still says
+which tests failed.
+
 It writes DIR/gpu_check.log (every step's whole output), DIR/summary.md (the table
 it prints at the end) and DIR/readme_section.md, the GPU figures as measured. Back on
 a machine with the checkout, ``python benchmarks/gpu_check.py --update-readme
@@ -73,10 +77,14 @@ class Outcome:
 
 
 def pytest_figures(output: str) -> str:
-    """``14 passed, 2 skipped`` from pytest's last line."""
+    """``14 passed, 2 skipped`` from pytest's last line, and the tests that failed by name (a run stopped by its
+    time limit prints no summary, but ``-v`` has named each test as it ended)."""
     found = re.findall(r"(\d+ (?:passed|failed|skipped|errors?|deselected))", output.strip().splitlines()[-1]
                        if output.strip() else "")
-    return ", ".join(f for f in found if not f.endswith("deselected")) or "no test summary"
+    counts = ", ".join(f for f in found if not f.endswith("deselected")) or "no test summary"
+    failed = sorted(set(re.findall(r"^(\S+::\S+) (?:FAILED|ERROR)", output, re.M))
+                    | set(re.findall(r"(?:^|\] )(?:FAILED|ERROR) (\S+::\S+)", output, re.M)))  # (xdist: "[gw0] [ 1%] ")
+    return counts + (f"; failed: {', '.join(failed)}" if failed else "")
 
 
 def demo_figures(output: str) -> str:
@@ -161,7 +169,7 @@ def steps(python: str) -> List[Step]:
     pp = [python, str(bench / "pp_vs_pipelining.py"), "--device", "cuda", "--models", "tiny", "mlp", "transformer",
           "--rounds", "3", "--steps", "5", "--libraries", "swpipeline"]  # torch's cannot run on one GPU (docs/gpu.md)
     return [
-        Step("pytest -m cuda", [python, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider"], 200,
+        Step("pytest -m cuda", [python, "-m", "pytest", "-m", "cuda", "-v", "-rfE", "-p", "no:cacheprovider"], 200,
              pytest_figures),
         Step("swpipeline demo --device cuda", [python, "-m", "swpipeline.cli", "demo", "--device", "cuda",
                                                "--chart", "", "--schedule-chart", "", "--trace", ""], 90,
@@ -171,6 +179,15 @@ def steps(python: str) -> List[Step]:
         Step("pp_vs_pipelining.py --device cuda", pp, 75, pp_figures),
         Step("pp_vs_pipelining.py --device cuda --ranks 1", pp + ["--ranks", "1"], 75, pp_figures),
     ]
+
+
+def suite_step(python: str, timeout_s: float) -> Step:
+    """The whole test suite on the GPU's machine (``--suite``), its workers one per core but two, each test named
+    as it ends (so a run stopped by the time limit still says which failed)."""
+    workers = max(1, (os.cpu_count() or 2) - 2)
+    return Step("pytest (the whole suite)", [python, "-m", "pytest", "-n", str(workers), "-v", "-rfE", "-p",
+                                             "no:cacheprovider", "--deselect", "tests/test_docs_site.py"],
+                timeout_s, pytest_figures)
 
 
 def environment() -> dict[str, str]:
@@ -238,6 +255,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT") or "out/gpu_check", help="where the logs go")
     parser.add_argument("--budget-s", type=float, default=510.0, help="stop starting steps after this many seconds")
+    parser.add_argument("--suite", type=float, default=0.0, metavar="SECONDS",
+                        help="then run the whole test suite too, for at most SECONDS (outside --budget-s)")
     parser.add_argument("--update-readme", metavar="SECTION_MD", default=None,
                         help="put a readme_section.md from a GPU run into docs/gpu.md, and do nothing else")
     args = parser.parse_args(argv)
@@ -256,9 +275,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     env, deadline = environment(), time.perf_counter() + args.budget_s
     outcomes = []
     with open(out / "gpu_check.log", "w", encoding="utf-8") as log:
-        for step in steps(sys.executable):
+        suite = [suite_step(sys.executable, args.suite)] if args.suite else []
+        for step in steps(sys.executable) + suite:
             print(f"gpu_check: {step.name} ...", flush=True)
-            outcome = run_step(step, deadline - time.perf_counter(), env)
+            outcome = run_step(step, step.timeout_s if step in suite else deadline - time.perf_counter(), env)
             outcomes.append(outcome)
             log.write(f"===== {step.name}: {outcome.status}, {outcome.seconds:.0f} s\n{outcome.output}\n")
             log.flush()

@@ -81,6 +81,24 @@ def test_the_pp_steps_read_exactness_and_speed_and_make_one_table() -> None:
         "|---|---|---|---|---|", "| mlp | GPipe | 3.1 | 3.5 (NOT exact) | 3.5 |"]
 
 
+def test_a_suite_stopped_by_its_time_limit_still_names_the_tests_that_failed() -> None:
+    stopped = ("tests/a/test_x.py::test_one PASSED                [ 10%]\n"
+               "tests/a/test_x.py::test_two FAILED                [ 20%]\n"
+               "tests/b/test_y.py::test_three[cuda] ERROR         [ 30%]\n"
+               "tests/b/test_y.py::test_four PASSED\n"
+               "[gw3] [ 40%] FAILED tests/c/test_z.py::test_five \n")
+    assert gpu_check.pytest_figures(stopped) == ("no test summary; failed: tests/a/test_x.py::test_two, "
+                                                 "tests/b/test_y.py::test_three[cuda], tests/c/test_z.py::test_five")
+    ended = stopped + ("\n=== short test summary info ===\nFAILED tests/a/test_x.py::test_two - AssertionError\n"
+                       "ERROR tests/b/test_y.py::test_three[cuda] - RuntimeError\n2 passed, 1 failed, 1 error in 3.0s")
+    assert gpu_check.pytest_figures(ended) == ("2 passed, 1 failed, 1 error; failed: tests/a/test_x.py::test_two, "
+                                               "tests/b/test_y.py::test_three[cuda], tests/c/test_z.py::test_five")
+    step = gpu_check.suite_step(sys.executable, 300)
+    assert (step.timeout_s, step.argv[1:3]) == (300, ["-m", "pytest"])
+    assert {"-v", "-rfE", "-n"} <= set(step.argv)
+    assert "-v" in next(s for s in gpu_check.steps(sys.executable) if s.name == "pytest -m cuda").argv
+
+
 def test_update_readme_replaces_only_the_marked_block(tmp_path: Path) -> None:
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{gpu_check.BEGIN}\nold figures\n{gpu_check.END}\n## Next\n")
