@@ -48,18 +48,21 @@ ROWS = ("step() in all", "outside the run", "posting receives", "engine", "end o
         "receives", "HELLO", "DONE")
 
 
-def _timed(owner: Any, name: str, totals: Dict[str, float], key: str) -> None:
-    """Wrap ``owner.name`` so that its time adds up into ``totals[key]``."""
-    real = getattr(owner, name)
-
+def _adding_time(fn: Callable[..., Any], totals: Dict[str, float], key: str) -> Callable[..., Any]:
+    """``fn``, its time added up into ``totals[key]`` at every call."""
     def timed(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         try:
-            return real(*args, **kwargs)
+            return fn(*args, **kwargs)
         finally:
             totals[key] += time.perf_counter() - start
 
-    setattr(owner, name, timed)
+    return timed
+
+
+def _timed(owner: Any, name: str, totals: Dict[str, float], key: str) -> None:
+    """Wrap ``owner.name`` so that its time adds up into ``totals[key]``."""
+    setattr(owner, name, _adding_time(getattr(owner, name), totals, key))
 
 
 def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, out: Any) -> None:
@@ -80,18 +83,9 @@ def measure(rank: int, args: argparse.Namespace) -> Dict[str, float]:
     real_task = runner.RankRunner._task
 
     def task(self: Any, unit: Any) -> Callable[[Any], None]:
-        body = real_task(self, unit)
         key = ("compute" if unit.action is not None else {"hello": "HELLO", "done": "DONE"}.get(unit.marker)
                or {"send": "sends", "recv": "receives"}[unit.role])
-
-        def timed(ctx: Any) -> None:
-            start = time.perf_counter()
-            try:
-                body(ctx)
-            finally:
-                totals[key] += time.perf_counter() - start
-
-        return timed
+        return _adding_time(real_task(self, unit), totals, key)
 
     runner.RankRunner._task = task  # type: ignore[method-assign]
     _timed(transport.Transport, "start_step", totals, "posting receives")
