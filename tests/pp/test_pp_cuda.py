@@ -17,7 +17,6 @@ without a GPU.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, List, Sequence, Tuple
 
 import pytest
@@ -29,8 +28,13 @@ from test_pp_support import exact_on_rank
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
+@pytest.fixture(autouse=True)
+def deterministic_cublas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuBLAS's deterministic workspace for the ranks, which inherit this process's environment (restored after)."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
 def _on_gpu(world: int, configs: Sequence[Tuple[str, int, int]], compare_torch: bool) -> List[Dict[str, Any]]:
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # the ranks inherit it
     results = run_on_ranks(exact_on_rank, world, 240, configs=list(configs), compare_torch=compare_torch,
                            device="cuda")
     return [r for per_rank in results for r in per_rank]
